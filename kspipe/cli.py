@@ -1,0 +1,112 @@
+"""The ``kspipe`` command: Hydra composes the config, :func:`kspipe.pipeline.run` runs it.
+
+``kspipe [overrides...]`` runs a job (``-m`` sweeps); ``kspipe plugins`` lists plugins.
+Mistakes the user can fix print one line, ``kspipe: error: ...``, and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
+
+import hydra  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
+
+from kspipe.errors import KspipeError  # noqa: E402
+
+_pm = None
+
+
+def main() -> None:
+    """Console entry point."""
+    global _pm
+    from kspipe.plugin_manager import get_plugin_manager
+
+    args = sys.argv[1:]
+    if args and args[0] == "plugins":
+        from kspipe.plugins_cmd import list_plugins
+
+        sys.exit(list_plugins(args[1:]))
+    try:
+        _pm = get_plugin_manager()
+        extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
+        check_experiments(args, extra_dirs)
+    except KspipeError as err:
+        fail(err)
+    if extra_dirs:
+        sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
+    hydra_main()
+
+
+def fail(err: KspipeError) -> None:
+    print(f"kspipe: error: {err}", file=sys.stderr, flush=True)
+    sys.exit(err.exit_code)
+
+
+def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
+    """Name the unknown experiment in one line, before Hydra's longer message."""
+    from kspipe.errors import ConfigError
+
+    known = available_experiments(extra_dirs)
+    for arg in args:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key != "experiment":
+            continue
+        for name in value.split(","):
+            if name and name not in known:
+                raise ConfigError(f"unknown experiment '{name}' (available: {', '.join(sorted(known))})")
+
+
+def available_experiments(extra_dirs: list[str]) -> set[str]:
+    from importlib import resources
+
+    folders = [resources.files("kspipe.conf").joinpath("experiment")]
+    for entry in extra_dirs:
+        if entry.startswith("pkg://"):
+            folders.append(resources.files(entry[len("pkg://"):].replace("/", ".")).joinpath("experiment"))
+        else:
+            from pathlib import Path
+
+            folders.append(Path(entry.removeprefix("file://")) / "experiment")
+    names = set()
+    for folder in folders:
+        if folder.is_dir():
+            names.update(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml"))
+    return names
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def hydra_main(cfg) -> None:
+    from kspipe.pipeline import run
+
+    if cfg.run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        with open_dict(cfg):
+            cfg.run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        metrics = run(cfg, _pm)
+    except KspipeError as err:
+        fail(err)
+    except KeyboardInterrupt:
+        print("kspipe: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    print_summary(cfg, metrics)
+
+
+def print_summary(cfg, metrics: dict) -> None:
+    shown = []
+    for name in ("test_accuracy", "baseline_test_accuracy", "train_accuracy"):
+        if name in metrics:
+            ci = metrics.get(name + "_ci95")
+            shown.append(f"{name} {metrics[name]:.3f}" + (f" ± {ci:.3f}" if ci is not None else ""))
+    for name in ("tasks_per_s",):
+        if name in metrics:
+            shown.append(f"{name} {metrics[name]:.1f}")
+    print("kspipe: done: " + ", ".join(shown) + f" (run folder {cfg.run_dir})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The hook specifications: one hook per pipeline stage, then the lifecycle hooks.
+
+A run flows through the stage hooks in this order (see :func:`kspipe.pipeline.run`)::
+
+    kspipe_assign_role -> kspipe_read_dataset -> kspipe_build_program
+        -> kspipe_compile_program -> kspipe_execute -> kspipe_save_inference_model
+
+Each stage is served by exactly one plugin, chosen by name in the config
+(``stages.<stage>``, see :data:`kspipe.plugin_manager.STAGES`); the stage hooks
+are ``firstresult`` and called only on that plugin.  The lifecycle hooks
+(``kspipe_run_start`` ... ``kspipe_run_error``) are called on every plugin:
+tracking, progress display and other observers implement them.
+
+Calls are keyword-only.  An implementation may accept fewer arguments than its
+spec, so specs can grow without breaking plugins.  Implementations must not
+give their parameters defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from kspipe import NAME
+
+hookspec = pluggy.HookspecMarker(NAME)
+
+
+# --- configuration ------------------------------------------------------------------
+
+
+@hookspec
+def kspipe_config_dirs() -> list[str]:
+    """Return config folders to add to Hydra's search path.
+
+    Hydra search-path entries (``pkg://package.conf`` or ``file:///abs/path``) that hold
+    config groups of a plugin, for example its own ``experiment/*.yaml``.  They are added
+    before the config is composed.
+    """
+
+
+# --- stages, in the order a run calls them -----------------------------------------
+
+
+@hookspec(firstresult=True)
+def kspipe_assign_role(cfg: Any) -> Any:
+    """Decide this process's role in the job (stage ``role``).
+
+    Stops at the first non-None result.
+
+    :param cfg: the composed config.
+    :return: a :class:`kspipe.role.Role` (the seed's RoleMaker API: ``is_worker``,
+        ``is_first_worker``, ``worker_num``, ...).  A launcher role may instead run the whole
+        cluster and return a role whose ``is_launcher`` is true; the pipeline then stops
+        after this stage and reports the launcher's result.
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_read_dataset(cfg: Any, role: Any) -> Any:
+    """Read the data set the job trains and evaluates on (stage ``dataset``).
+
+    Stops at the first non-None result.
+
+    :param cfg: the composed config.
+    :param role: this process's role, to pick a worker's share of the data.
+    :return: a data set object the program and execute stages understand; for few-shot
+        learning a :class:`kspipe.data.FewShotDataset`.
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_build_program(cfg: Any, dataset: Any) -> Any:
+    """Build the static-graph programs of the model (stage ``program``).
+
+    Stops at the first non-None result.
+
+    :param cfg: the composed config.
+    :param dataset: what ``kspipe_read_dataset`` returned (gives image shape and classes).
+    :return: a programs object, for Reptile a :class:`kspipe.builtin.reptile.ReptilePrograms`.
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_compile_program(cfg: Any, role: Any, programs: Any) -> Any:
+    """Transpile or compile the programs for this role (stage ``compile``).
+
+    Stops at the first non-None result.
+
+    :param cfg: the composed config.
+    :param role: this process's role.
+    :param programs: what ``kspipe_build_program`` returned.
+    :return: the programs to execute (the same object, changed, or a new one).
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_execute(
+    cfg: Any, role: Any, dataset: Any, programs: Any, executor: Any, scope: Any, reporter: Any
+) -> Any:
+    """Run the job: train, evaluate, checkpoint (stage ``execute``).
+
+    Stops at the first non-None result.
+
+    :param cfg: the composed config.
+    :param role: this process's role.
+    :param dataset: what ``kspipe_read_dataset`` returned.
+    :param programs: what ``kspipe_compile_program`` returned.
+    :param executor: the ``paddle.static.Executor`` for this role's place.
+    :param scope: the ``paddle.static.Scope`` the programs' variables live in.
+    :param reporter: a :class:`kspipe.pipeline.Reporter`; report progress, metrics and
+        artifacts through it, never to a tracking library directly.
+    :return: a dict of the final metrics (name to float).
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_save_inference_model(
+    cfg: Any, role: Any, programs: Any, executor: Any, scope: Any, dirname: str
+) -> Any:
+    """Save the trained model for inference (stage ``save``).
+
+    Stops at the first non-None result.  Only the first worker is asked.
+
+    :param cfg: the composed config.
+    :param role: this process's role.
+    :param programs: the executed programs.
+    :param executor: the executor that trained them.
+    :param scope: the scope holding the trained parameters.
+    :param dirname: the folder to save into.
+    :return: the path prefix of the saved model (loadable by
+        ``paddle.static.load_inference_model``).
+    """
+
+
+# --- lifecycle: called on every plugin ---------------------------------------------
+
+
+@hookspec
+def kspipe_run_start(cfg: Any, role: Any, run_dir: str) -> None:
+    """A run starts, after the config was validated and the role assigned.
+
+    :param cfg: the composed config.
+    :param role: this process's role.
+    :param run_dir: the folder the run writes its files to.
+    """
+
+
+@hookspec
+def kspipe_progress(task: str, step: int, total: int, values: dict) -> None:
+    """Show how far a long piece of work has come.
+
+    :param task: what is running, e.g. ``"meta-train"`` or ``"evaluate"``.
+    :param step: how many units are done.
+    :param total: how many units there are.
+    :param values: figures to show beside it (loss, accuracy, ...).
+    """
+
+
+@hookspec
+def kspipe_log_metrics(metrics: dict, step: int) -> None:
+    """Record metrics at a step.
+
+    :param metrics: metric name to float.
+    :param step: the step (meta-iteration) they belong to.
+    """
+
+
+@hookspec
+def kspipe_log_artifact(path: str, artifact_path: str) -> None:
+    """Record a file or folder produced by the run.
+
+    :param path: the local file or folder.
+    :param artifact_path: the folder to place it under in the run's artifacts ("" for top).
+    """
+
+
+@hookspec
+def kspipe_run_end(cfg: Any, metrics: dict, run_dir: str) -> None:
+    """A run finished successfully.
+
+    :param cfg: the composed config.
+    :param metrics: the final metrics.
+    :param run_dir: the folder the run wrote its files to.
+    """
+
+
+@hookspec
+def kspipe_run_error(cfg: Any, error: BaseException) -> None:
+    """A run failed (the error is re-raised after this hook).
+
+    :param cfg: the composed config.
+    :param error: the exception that ended the run.
+    """

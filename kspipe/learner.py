@@ -1,0 +1,246 @@
+"""Reptile's training loop over the programs of :mod:`kspipe.builtin.reptile`.
+
+The execute plugins of every mode drive this class; they differ only in how a
+meta-iteration's adapted weights are combined (locally, on parameter servers, or by
+an all-reduce), which they supply as ``meta_update``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+
+from kspipe.builtin.reptile import inner_batches, meta_step_size
+from kspipe.data import Prefetcher, sample_task
+from kspipe.errors import ConfigError
+
+# Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
+TRAIN_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, CURVE_STREAM = 1, 2, 3, 4
+
+
+def nchw(images: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+
+
+class ReptileLearner:
+    """Meta-trains and evaluates one Reptile model inside a Paddle scope."""
+
+    def __init__(self, cfg, dataset, programs, executor, scope, reporter, role=None):
+        self.cfg = cfg
+        self.dataset = dataset
+        self.p = programs
+        self.exe = executor
+        self.scope = scope
+        self.reporter = reporter
+        self.role = role
+        self.tasks_done = 0
+
+    # --- running programs ---------------------------------------------------------
+
+    def run(self, program, feed=None, fetch=()):
+        return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
+
+    def initialize(self) -> None:
+        """Run the startup program and record theta."""
+        self.run(self.p.startup)
+        self.run(self.p.save_theta)
+
+    def adapt(self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int,
+              rng: np.random.Generator) -> float:
+        """Inner loop: ``iterations`` Adam steps on batches of (x, y); returns the last loss."""
+        loss = float("nan")
+        y = y.reshape(-1, 1)
+        batches = inner_batches(len(x), batch, iterations, rng)
+        for k, idx in enumerate(batches):
+            fetch = [self.p.loss] if k == len(batches) - 1 else []
+            out = self.run(self.p.train_program, {"x": x[idx], "y": y[idx]}, fetch)
+            if fetch:
+                loss = float(np.asarray(out[0]).mean())
+        return loss
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        (logits,) = self.run(self.p.forward, {"x": x}, [self.p.logits])
+        return np.asarray(logits)
+
+    # --- meta-training ------------------------------------------------------------
+
+    def train_tasks(self, iteration: int) -> list:
+        """The meta-batch of training tasks of ``iteration`` (images NCHW)."""
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, iteration, self.worker_index()])
+        tasks = []
+        for _ in range(cfg.train.meta_batch):
+            t = sample_task(self.dataset.train, cfg.task.ways, cfg.train.shots, 0, rng)
+            tasks.append((nchw(t.support_x), t.support_y, rng))
+        return tasks
+
+    def worker_index(self) -> int:
+        return self.role.worker_index() if self.role is not None else 0
+
+    def meta_iteration(self, iteration: int, tasks: list, meta_update) -> float:
+        """Adapt on each task from theta, then apply the meta step; returns the mean loss."""
+        cfg = self.cfg.train
+        losses = []
+        for x, y, rng in tasks:
+            self.run(self.p.restore_theta)
+            losses.append(self.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng))
+            self.run(self.p.accumulate)
+        eps = meta_step_size(iteration, cfg.meta_iters, cfg.meta_step, cfg.meta_step_final)
+        meta_update(eps, len(tasks))
+        self.tasks_done += len(tasks)
+        return float(np.mean(losses))
+
+    def local_meta_update(self, eps: float, count: int) -> None:
+        feed = {"meta_a": np.array([1.0 - eps], np.float32),
+                "meta_b": np.array([eps / count], np.float32)}
+        self.run(self.p.meta_update, feed)
+
+    # --- evaluation ---------------------------------------------------------------
+
+    def evaluate(self, classes: list, num_tasks: int, stream: int, label: str) -> tuple:
+        """Mean query accuracy over ``num_tasks`` fresh tasks, and its 95% half-width.
+
+        Each task adapts from the current theta and optimiser state, which are restored
+        afterwards, so evaluating changes nothing.
+        """
+        cfg = self.cfg
+        shots, queries = cfg.task.shots, cfg.eval.queries
+        self.run(self.p.snapshot)
+
+        def make(k):
+            rng = np.random.default_rng([cfg.seed, stream, k])
+            t = sample_task(classes, cfg.task.ways, shots, queries, rng)
+            return nchw(t.support_x), t.support_y, nchw(t.query_x), t.query_y, rng
+
+        accuracies = []
+        feed = Prefetcher(make, range(num_tasks))
+        try:
+            for k, (sx, sy, qx, qy, rng) in feed:
+                self.run(self.p.restore_snapshot)
+                self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
+                accuracies.append(float(np.mean(self.predict(qx).argmax(axis=1) == qy)))
+                self.reporter.progress(label, k + 1, num_tasks,
+                                       {"accuracy": float(np.mean(accuracies))})
+        finally:
+            feed.close()
+        self.run(self.p.restore_snapshot)
+        acc = np.array(accuracies)
+        half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
+        return float(acc.mean()), float(half)
+
+    # --- checkpoints --------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str, iteration: int) -> str:
+        """Write every persistable and the iteration to ``folder/checkpoint-<iteration>``."""
+        import paddle
+
+        final = os.path.join(folder, f"checkpoint-{iteration:07d}")
+        tmp = final + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with paddle.static.scope_guard(self.scope):
+            paddle.static.save(self.p.train, os.path.join(tmp, "state"))
+        with open(os.path.join(tmp, "progress.json"), "w") as f:
+            json.dump({"meta_iteration": iteration, "tasks_done": self.tasks_done}, f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        for old in sorted(checkpoints(folder))[:-self.cfg.train.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: str) -> int:
+        """Load a checkpoint (or the newest one in a folder); returns its meta-iteration."""
+        import paddle
+
+        found = latest_checkpoint(path)
+        with paddle.static.scope_guard(self.scope):
+            paddle.static.load(self.p.train, os.path.join(found, "state"), self.exe)
+        self.run(self.p.save_theta)
+        with open(os.path.join(found, "progress.json")) as f:
+            progress = json.load(f)
+        self.tasks_done = progress["tasks_done"]
+        return progress["meta_iteration"]
+
+
+def checkpoints(folder: str) -> list[str]:
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, n) for n in os.listdir(folder)
+            if n.startswith("checkpoint-") and not n.endswith(".tmp")]
+
+
+def latest_checkpoint(path: str) -> str:
+    """``path`` itself if it is a checkpoint, else its newest checkpoint (or its run's)."""
+    if os.path.isfile(os.path.join(path, "progress.json")):
+        return path
+    for folder in (path, os.path.join(path, "checkpoints")):
+        found = sorted(checkpoints(folder))
+        if found:
+            return found[-1]
+    raise ConfigError(f"resume={path}: no checkpoint found there")
+
+
+def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
+                       log_curve: bool = True) -> dict:
+    """The whole Reptile job: baseline, meta-training with checkpoints, final evaluation."""
+    cfg = learner.cfg
+    reporter = learner.reporter
+    meta_update = meta_update or learner.local_meta_update
+    first = learner.role is None or learner.role.is_first_worker()
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+
+    learner.initialize()
+    start_iter = 0
+    if cfg.resume:
+        start_iter = learner.load_checkpoint(cfg.resume)
+        reporter.say(f"resuming from meta-iteration {start_iter} ({cfg.resume})")
+
+    metrics = {}
+    if start_iter == 0 and cfg.eval.baseline:
+        acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
+                                   "baseline")
+        metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
+        reporter.metrics({"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}, 0)
+
+    total = cfg.train.meta_iters
+    feed = Prefetcher(learner.train_tasks, range(start_iter, total), depth=3)
+    started, tasks_at_start = time.perf_counter(), learner.tasks_done
+    losses = []
+    try:
+        for iteration, tasks in feed:
+            losses.append(learner.meta_iteration(iteration, tasks, meta_update))
+            done = iteration + 1
+            elapsed = time.perf_counter() - started
+            rate = (learner.tasks_done - tasks_at_start) / max(elapsed, 1e-9)
+            reporter.progress("meta-train", done, total,
+                              {"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
+            if log_curve and cfg.eval.interval and (done % cfg.eval.interval == 0 or done == total):
+                train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks,
+                                                CURVE_STREAM, "curve (train)")
+                test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks,
+                                               CURVE_STREAM, "curve (test)")
+                reporter.metrics({"curve/train_accuracy": train_acc,
+                                  "curve/test_accuracy": test_acc,
+                                  "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
+            if first and cfg.train.checkpoint_every and (
+                    done % cfg.train.checkpoint_every == 0 or done == total):
+                learner.save_checkpoint(ckpt_dir, done)
+    finally:
+        feed.close()
+    elapsed = time.perf_counter() - started
+    trained = learner.tasks_done - tasks_at_start
+    if trained:
+        metrics.update(tasks_per_s=trained / elapsed,
+                       meta_iters_per_s=(total - start_iter) / elapsed)
+
+    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
+    metrics.update(test_accuracy=acc, test_accuracy_ci95=ci)
+    train_acc, train_ci = learner.evaluate(learner.dataset.train, cfg.eval.tasks,
+                                           EVAL_TRAIN_STREAM, "evaluate (train)")
+    metrics.update(train_accuracy=train_acc, train_accuracy_ci95=train_ci)
+    reporter.metrics(metrics, total)
+    return metrics

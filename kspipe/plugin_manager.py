@@ -1,0 +1,89 @@
+"""The stage registry: built-in plugins, then installed ones, then a check for typos."""
+
+from __future__ import annotations
+
+import os
+
+import pluggy
+
+from kspipe import NAME, hookspecs
+from kspipe.errors import ConfigError
+
+#: Stage name (the key under ``stages:`` in the config) to the hook that serves it.
+STAGES = {
+    "role": "kspipe_assign_role",
+    "dataset": "kspipe_read_dataset",
+    "program": "kspipe_build_program",
+    "compile": "kspipe_compile_program",
+    "execute": "kspipe_execute",
+    "save": "kspipe_save_inference_model",
+}
+
+#: Set to 1 to skip plugins installed under the ``kspipe`` entry-point group.
+DISABLE_AUTOLOAD_ENV = "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"
+
+#: Modes that are planned but not built yet: asking for them gives a clear error.
+PLANNED_MODES = ("pserver", "collective")
+
+
+def builtin_plugins():
+    """Return ``(name, module)`` of the plugins that ship inside kspipe."""
+    from kspipe.builtin import inference, local, open_ks, progress, reptile, tracking
+
+    return [
+        ("local", local),
+        ("open_ks", open_ks),
+        ("reptile", reptile),
+        ("inference", inference),
+        ("progress", progress),
+        ("mlflow", tracking.MlflowTracker()),
+    ]
+
+
+def get_plugin_manager(load_entrypoints: bool | None = None) -> pluggy.PluginManager:
+    """Build the registry: hook specs, built-in plugins, installed plugins, typo check.
+
+    :param load_entrypoints: load plugins of the ``kspipe`` entry-point group; by default
+        yes unless the environment variable ``KSPIPE_DISABLE_PLUGIN_AUTOLOAD`` is set.
+    """
+    pm = pluggy.PluginManager(NAME)
+    pm.add_hookspecs(hookspecs)
+    for name, plugin in builtin_plugins():
+        pm.register(plugin, name=name)
+    if load_entrypoints is None:
+        load_entrypoints = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+    if load_entrypoints:
+        pm.load_setuptools_entrypoints(NAME)
+    pm.check_pending()
+    return pm
+
+
+def implementers(pm: pluggy.PluginManager, stage: str) -> list[str]:
+    """Names of the registered plugins that implement ``stage``, sorted."""
+    hook = getattr(pm.hook, STAGES[stage])
+    return sorted(pm.get_name(impl.plugin) for impl in hook.get_hookimpls())
+
+
+def stage_caller(pm: pluggy.PluginManager, stage: str, plugin_name: str):
+    """Return a caller of ``stage``'s hook that reaches only the plugin ``plugin_name``."""
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage '{stage}' (stages: {', '.join(STAGES)})")
+    available = implementers(pm, stage)
+    if plugin_name not in available:
+        raise ConfigError(
+            f"stages.{stage}={plugin_name!r}: no installed plugin of that name serves the "
+            f"{stage} stage (available: {', '.join(available) or 'none'})"
+        )
+    others = [p for name, p in pm.list_name_plugin() if name != plugin_name]
+    return pm.subset_hook_caller(STAGES[stage], remove_plugins=others)
+
+
+def check_mode(pm: pluggy.PluginManager, mode: str) -> None:
+    """Fail with a clear error unless a plugin serves ``mode`` (it names the role plugin)."""
+    available = implementers(pm, "role")
+    if mode in available:
+        return
+    if mode in PLANNED_MODES:
+        raise ConfigError(f"mode={mode} is not available yet in this kspipe (available: "
+                          f"{', '.join(available)})")
+    raise ConfigError(f"unknown mode '{mode}' (available: {', '.join(available)})")
