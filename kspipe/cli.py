@@ -77,7 +77,7 @@ def available_experiments(extra_dirs: list[str]) -> set[str]:
     return names
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://kspipe.conf", config_name="config")
 def hydra_main(cfg) -> None:
     from kspipe.pipeline import run
 

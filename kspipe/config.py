@@ -26,7 +26,7 @@ def validate(cfg) -> None:
         _require(cfg, key, 1)
     for key, minimum in (("task.ways", 1), ("task.shots", 1), ("train.meta_iters", 0),
                          ("train.meta_batch", 1), ("train.inner_iters", 0),
-                         ("train.inner_batch", 1), ("train.shots", 1), ("eval.tasks", 1),
+                         ("train.inner_batch", 1), ("train.shots", 1), ("eval.tasks", 1), ("eval.train_tasks", 1),
                          ("eval.queries", 1), ("eval.inner_iters", 0), ("eval.inner_batch", 1),
                          ("eval.interval", 0), ("eval.interval_tasks", 1),
                          ("train.checkpoint_every", 0), ("train.keep_checkpoints", 1)):

@@ -164,6 +164,28 @@ def read_omniglot(root: str, train_characters: int, seed: int, size: int = 28,
     return train, [], test
 
 
+def verify_images(*splits: list) -> int:
+    """Open the header of every image of these classes; a file that is no image fails clearly.
+
+    Cheap (no pixels are decoded), so a bad file is named before training starts rather
+    than whenever a task first samples it.  Returns the number of files checked.
+    """
+    seen = set()
+    for classes in splits:
+        for c in classes:
+            for name in c.names:
+                path = os.path.join(c.dir_path, name)
+                if path in seen:
+                    continue
+                seen.add(path)
+                try:
+                    with Image.open(path):
+                        pass
+                except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+                    raise DataError(f"cannot read image {path}: {err}") from err
+    return len(seen)
+
+
 def _check_folder(path: str) -> None:
     if not os.path.exists(path):
         raise DataError(f"data folder {path} does not exist")
@@ -195,18 +217,17 @@ class FewShotDataset:
     root: str = ""
     info: dict = field(default_factory=dict)
 
-    def check_task(self, ways: int, images_per_class: int) -> None:
-        """Fail clearly if a split cannot give ``ways`` classes of ``images_per_class`` images."""
-        for split in ("train", "test"):
+    def check_task(self, ways: int, train_images: int, test_images: int) -> None:
+        """Fail clearly unless each split gives ``ways`` classes of enough images."""
+        for split, needed in (("train", train_images), ("test", test_images)):
             classes = getattr(self, split)
             if ways > len(classes):
                 raise DataError(f"task.ways={ways} is more than the {len(classes)} {split} "
                                 f"classes of {self.root or self.name}")
-            small = [c for c in classes if len(c) < images_per_class]
+            small = [c for c in classes if len(c) < needed]
             if small:
                 raise DataError(f"class folder {small[0].dir_path} has {len(small[0])} images, "
-                                f"fewer than the {images_per_class} a task needs "
-                                f"(shots + queries)")
+                                f"fewer than the {needed} a task needs (shots + queries)")
 
 
 def sample_task(classes: list, ways: int, shots: int, queries: int,

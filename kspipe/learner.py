@@ -193,6 +193,8 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
     first = learner.role is None or learner.role.is_first_worker()
     ckpt_dir = os.path.join(run_dir, "checkpoints")
 
+    needed = cfg.task.shots + cfg.eval.queries
+    learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
     learner.initialize()
     start_iter = 0
     if cfg.resume:
@@ -208,21 +210,23 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
 
     total = cfg.train.meta_iters
     feed = Prefetcher(learner.train_tasks, range(start_iter, total), depth=3)
-    started, tasks_at_start = time.perf_counter(), learner.tasks_done
-    losses = []
+    training_time, tasks_at_start = 0.0, learner.tasks_done
+    losses, shown = [], {}
     try:
         for iteration, tasks in feed:
+            started = time.perf_counter()
             losses.append(learner.meta_iteration(iteration, tasks, meta_update))
+            training_time += time.perf_counter() - started
             done = iteration + 1
-            elapsed = time.perf_counter() - started
-            rate = (learner.tasks_done - tasks_at_start) / max(elapsed, 1e-9)
-            reporter.progress("meta-train", done, total,
-                              {"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
-            if log_curve and cfg.eval.interval and (done % cfg.eval.interval == 0 or done == total):
+            rate = (learner.tasks_done - tasks_at_start) / max(training_time, 1e-9)
+            shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
+            reporter.progress("meta-train", done, total, shown)
+            if log_curve and cfg.eval.interval and done % cfg.eval.interval == 0 and done < total:
                 train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks,
                                                 CURVE_STREAM, "curve (train)")
                 test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks,
                                                CURVE_STREAM, "curve (test)")
+                shown["test acc"] = test_acc
                 reporter.metrics({"curve/train_accuracy": train_acc,
                                   "curve/test_accuracy": test_acc,
                                   "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
@@ -231,16 +235,17 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
                 learner.save_checkpoint(ckpt_dir, done)
     finally:
         feed.close()
-    elapsed = time.perf_counter() - started
     trained = learner.tasks_done - tasks_at_start
     if trained:
-        metrics.update(tasks_per_s=trained / elapsed,
-                       meta_iters_per_s=(total - start_iter) / elapsed)
+        metrics.update(tasks_per_s=trained / training_time,
+                       meta_iters_per_s=(total - start_iter) / training_time)
 
     acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
     metrics.update(test_accuracy=acc, test_accuracy_ci95=ci)
-    train_acc, train_ci = learner.evaluate(learner.dataset.train, cfg.eval.tasks,
+    train_acc, train_ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks,
                                            EVAL_TRAIN_STREAM, "evaluate (train)")
     metrics.update(train_accuracy=train_acc, train_accuracy_ci95=train_ci)
+    if log_curve and cfg.eval.interval:
+        metrics.update({"curve/train_accuracy": train_acc, "curve/test_accuracy": acc})
     reporter.metrics(metrics, total)
     return metrics

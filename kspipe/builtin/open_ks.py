@@ -7,7 +7,7 @@ import sys
 
 from kspipe import hookimpl, kanji_data
 from kspipe.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
-                         read_omniglot)
+                         read_omniglot, verify_images)
 from kspipe.errors import ConfigError, DataError
 
 KINDS = {"omniglot": (28, 1), "miniimagenet": (84, 3)}
@@ -43,6 +43,8 @@ def kspipe_read_dataset(cfg, role):
             raise DataError(f"data folder {root} does not exist")
         raise DataError(f"data folder {root} has no 'train' folder "
                         f"(expected train/, val/, test/ of class folders)")
+    if data.verify:
+        verify_images(train, val, test)
     return FewShotDataset(name=data.name, train=train, val=val, test=test,
                           image_shape=(size, size, channels), root=root)
 

@@ -60,14 +60,24 @@ class ReptilePrograms:
 
 
 def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int) -> ReptilePrograms:
-    """Build every program of a Reptile model for images of ``image_shape`` (H, W, C)."""
+    """Build every program of a Reptile model for images of ``image_shape`` (H, W, C).
+
+    Variable names are the same in every build, so checkpoints load into a new process.
+    """
+    import paddle
+
+    with paddle.utils.unique_name.guard():
+        return _build_programs(image_shape, ways, model, inner_lr, seed)
+
+
+def _build_programs(image_shape, ways, model, inner_lr, seed) -> ReptilePrograms:
     import paddle
     import paddle.nn.functional as F
 
     paddle.enable_static()
     height, width, channels = image_shape
     startup, train = paddle.static.Program(), paddle.static.Program()
-    startup.random_seed = train.random_seed = seed
+    startup.random_seed = train.random_seed = seed + 1  # Paddle takes 0 as "unseeded"
     with paddle.static.program_guard(train, startup):
         x = paddle.static.data("x", [None, channels, height, width], "float32")
         y = paddle.static.data("y", [None, 1], "int64")
@@ -142,10 +152,12 @@ def _batch_norm_ops(h, prefix: str, channels: int):
     scale = paddle.static.create_parameter([channels], "float32", name=prefix + ".scale")
     bias = paddle.static.create_parameter([channels], "float32", name=prefix + ".bias")
     mean = paddle.mean(h, axis=[0, 2, 3], keepdim=True)
-    centred = h - mean
-    var = paddle.mean(centred * centred, axis=[0, 2, 3], keepdim=True)
-    normed = centred * paddle.rsqrt(var + 1e-3)
-    return normed * paddle.reshape(scale, [1, channels, 1, 1]) + paddle.reshape(bias, [1, channels, 1, 1])
+    centred = paddle.subtract(h, mean)
+    var = paddle.mean(paddle.square(centred), axis=[0, 2, 3], keepdim=True)
+    normed = paddle.multiply(centred, paddle.rsqrt(paddle.scale(var, bias=1e-3)))
+    scale = paddle.reshape(scale, [1, channels, 1, 1])
+    bias = paddle.reshape(bias, [1, channels, 1, 1])
+    return paddle.add(paddle.multiply(normed, scale), bias)
 
 
 def _backup_var(block, startup, name, shape, dtype, value=0.0):
@@ -201,7 +213,7 @@ def _meta_update_program(startup, params, shapes):
             pv = _backup_var(block, startup, p, shapes[p], "float32")
             theta = _backup_var(block, startup, p + THETA, shapes[p], "float32")
             acc = _backup_var(block, startup, p + ACC, shapes[p], "float32")
-            new = theta * a + acc * b
+            new = paddle.add(paddle.multiply(theta, a), paddle.multiply(acc, b))
             paddle.assign(new, theta)
             paddle.assign(new, pv)
             paddle.assign(paddle.zeros_like(acc), acc)

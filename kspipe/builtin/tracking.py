@@ -47,10 +47,14 @@ class MlflowTracker:
     def kspipe_run_start(self, cfg, role, run_dir):
         if not cfg.tracking.enabled or not role.is_first_worker():
             return
+        import logging
+
         from mlflow import MlflowClient
         from mlflow.entities import Param
         from omegaconf import OmegaConf
 
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=tracking_uri(cfg))
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
         experiment_id = (experiment.experiment_id if experiment is not None

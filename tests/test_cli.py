@@ -1,0 +1,87 @@
+"""The ``kspipe`` command as a user runs it: bad input gives one clear line, no traceback,
+a non-zero exit, and leaves no FINISHED run behind."""
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from kspipe.testing import tiny_overrides
+
+
+def kspipe(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=300)
+
+
+def finished_runs(db):
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as con:
+        return con.execute("select status from runs where status = 'FINISHED'").fetchall()
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["+experiment=omniglot_6way"], ["unknown experiment 'omniglot_6way'", "omniglot_5way"]),
+    (["mode=ring"], ["unknown mode 'ring'"]),
+    (["workers=0"], ["workers=0 must be at least 1"]),
+    (["task.shots=0"], ["task.shots=0 must be at least 1"]),
+    (["train.meta_iters=-5"], ["train.meta_iters=-5 must be at least 0"]),
+    (["train.inner_iters=-1"], ["train.inner_iters=-1"]),
+    (["eval.tasks=many"], ["eval.tasks='many' must be an integer"]),
+    (["stages.dataset=nowhere"], ["stages.dataset='nowhere'", "open_ks"]),
+    (["dataset.name=cifar"], ["dataset.name='cifar'"]),
+    (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
+    (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
+])
+def test_bad_config(tmp_path, args, fragments):
+    result = kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, tmp_path), *args,
+                    cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    assert finished_runs(tmp_path / "mlflow.db") == []
+
+
+@pytest.fixture
+def data_copy(tmp_path, tiny_data):
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_data, copy)
+    return copy
+
+
+def first_character(root):
+    return sorted((root / "images_background").glob("*/*"))[0]
+
+
+@pytest.mark.parametrize("damage, args, fragments", [
+    (lambda root: shutil.rmtree(root), [], ["does not exist"]),
+    (lambda root: [shutil.rmtree(p) for p in root.iterdir()], [], ["is empty"]),
+    (lambda root: (first_character(root) / sorted(first_character(root).iterdir())[1].name)
+     .write_bytes(b"\x89PNG broken"), [], ["cannot read image", ".png"]),
+    (lambda root: [p.unlink() for p in sorted(first_character(root).iterdir())[2:]],
+     ["task.shots=2"], ["has 2 images, fewer than the 3"]),
+    (lambda root: None, ["task.ways=11"], ["task.ways=11 is more than the 10 test classes"]),
+])
+def test_bad_data(tmp_path, data_copy, damage, args, fragments):
+    damage(data_copy)
+    result = kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, data_copy),
+                    "train.meta_iters=1", "eval.baseline=false", *args, cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    if "cannot read image" in fragments:
+        assert first_character(data_copy).name in result.stderr
+    assert finished_runs(tmp_path / "mlflow.db") == []
+
+
+def test_mode_not_built_yet_is_a_clear_error(tmp_path):
+    result = kspipe("mode=collective", cwd=tmp_path)
+    assert_one_line_error(result, "mode=collective is not available yet")

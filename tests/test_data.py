@@ -1,0 +1,133 @@
+"""The Open_KS readers, the task sampler and the prefetcher, on real image files."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kspipe.data import (Open_KS_Character, Open_KS_ImageNet, Open_KS_read, Prefetcher,
+                         read_omniglot, sample_task)
+from kspipe.errors import DataError
+
+
+def write_images(folder, count, size, mode, ext=".png", seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    shape = (size, size) if mode == "L" else (size, size, 3)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(folder / f"img{i}{ext}")
+
+
+@pytest.fixture
+def imagenet_like(tmp_path):
+    for split, classes in (("train", 4), ("val", 2), ("test", 3)):
+        for c in range(classes):
+            ext = ".JPEG" if c % 2 else ".jpg"
+            write_images(tmp_path / split / f"n0{split}{c}", 5, 100, "RGB", ext, seed=c)
+    return tmp_path
+
+
+def test_read_dataset_split_layout(imagenet_like):
+    train, val, test = Open_KS_read(Open_KS_ImageNet).read_dataset(str(imagenet_like))
+    assert (len(train), len(val), len(test)) == (4, 2, 3)
+    images = train[1].sample(3, np.random.default_rng(0))
+    assert images.shape == (3, 84, 84, 3) and images.dtype == np.float32
+    assert 0.0 <= images.min() and images.max() <= 1.0
+
+
+def test_read_classes_skips_folders_without_images(imagenet_like):
+    (imagenet_like / "train" / "empty").mkdir()
+    classes = Open_KS_read()._read_classes(str(imagenet_like / "train"))
+    assert [c.dir_path.rsplit("/", 1)[1] for c in classes] == [f"n0train{i}" for i in range(4)]
+
+
+def test_omniglot_layout_split_and_rotations(tmp_path):
+    for part, alphabets in (("images_background", 2), ("images_evaluation", 1)):
+        for a in range(alphabets):
+            for c in range(4):
+                write_images(tmp_path / part / f"alpha{a}" / f"character{c:02d}", 3, 105, "L")
+    train, val, test = read_omniglot(str(tmp_path), train_characters=8, seed=1)
+    assert len(train) == 8 * 4 and val == [] and len(test) == 4
+    assert sorted({c.rotation for c in train}) == [0, 90, 180, 270]
+    assert {c.dir_path for c in train}.isdisjoint({c.dir_path for c in test})
+    image = train[0].sample(1)[0]
+    assert image.shape == (28, 28, 1)
+
+
+def test_rotation_rotates_the_image(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    array = np.zeros((28, 28), np.uint8)
+    array[:, :5] = 255  # a bar on the left
+    Image.fromarray(array).save(folder / "a.png")
+    plain = Open_KS_Character(str(folder))._read_image("a.png")[..., 0]
+    turned = Open_KS_Character(str(folder), rotation=180)._read_image("a.png")[..., 0]
+    assert plain[:, :5].mean() == 255 and turned[:, -5:].mean() == 255
+
+
+def test_read_image_caches_decoded_images(tmp_path):
+    write_images(tmp_path / "c", 2, 28, "L")
+    character = Open_KS_Character(str(tmp_path / "c"))
+    first = character._read_image("img0.png")
+    (tmp_path / "c" / "img0.png").unlink()  # a cached image is not read again
+    assert character._read_image("img0.png") is first
+
+
+def test_sample_task_shapes_and_labels(tmp_path):
+    classes = []
+    for c in range(6):
+        write_images(tmp_path / f"c{c}", 5, 28, "L", seed=c)
+        classes.append(Open_KS_Character(str(tmp_path / f"c{c}")))
+    task = sample_task(classes, ways=4, shots=3, queries=2, rng=np.random.default_rng(0))
+    assert task.support_x.shape == (12, 28, 28, 1) and task.query_x.shape == (8, 28, 28, 1)
+    assert list(task.support_y) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert list(task.query_y) == [0, 0, 1, 1, 2, 2, 3, 3]
+    again = sample_task(classes, ways=4, shots=3, queries=2, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(task.support_x, again.support_x)
+
+
+def test_corrupt_image_names_the_file(tmp_path):
+    folder = tmp_path / "c"
+    write_images(folder, 2, 28, "L")
+    (folder / "img1.png").write_bytes(b"not a png at all")
+    character = Open_KS_Character(str(folder))
+    with pytest.raises(DataError, match="cannot read image .*img1.png"):
+        character.sample(2)
+
+
+def test_too_few_images_for_a_task(tmp_path):
+    write_images(tmp_path / "c", 2, 28, "L")
+    with pytest.raises(DataError, match=r"has 2 images, fewer than the 3"):
+        Open_KS_Character(str(tmp_path / "c")).sample(3)
+
+
+@pytest.mark.parametrize("reader", [
+    lambda root: Open_KS_read().read_dataset(root),
+    lambda root: read_omniglot(root, train_characters=1, seed=0),
+])
+def test_missing_or_empty_folder(tmp_path, reader):
+    with pytest.raises(DataError, match="missing does not exist"):
+        reader(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty is empty"):
+        reader(str(tmp_path / "empty"))
+
+
+def test_split_layout_needs_train_and_test(tmp_path):
+    write_images(tmp_path / "train" / "a", 2, 28, "L")
+    with pytest.raises(DataError, match="has no 'test' folder"):
+        Open_KS_read().read_dataset(str(tmp_path))
+
+
+def test_prefetcher_keeps_order_and_raises_errors():
+    def make(i):
+        if i == 5:
+            raise DataError("bad item 5")
+        return i * i
+
+    seen = []
+    feed = Prefetcher(make, range(10), depth=2)
+    with pytest.raises(DataError, match="bad item 5"):
+        for i, value in feed:
+            seen.append((i, value))
+    feed.close()
+    assert seen == [(i, i * i) for i in range(5)]
