@@ -15,10 +15,34 @@ def kspipe_assign_role(cfg):
 
 @hookimpl
 def kspipe_compile_program(cfg, role, programs):
+    return compile_programs(cfg, programs)
+
+
+def compile_programs(cfg, programs):
+    """Apply ``cfg.compile`` to the Reptile programs (every mode's compile stage calls this)."""
+    if cfg.compile.onednn_conv:
+        use_onednn(programs.train, programs.forward)
     options = dict(cfg.compile.build_strategy or {})
     if options:
         programs.compiled_train = compile_with(programs.train, options)
     return programs
+
+
+ONEDNN_OPS = ("conv2d", "conv2d_grad")
+
+
+def use_onednn(*programs) -> None:
+    """Run the convolutions of ``programs`` with oneDNN's CPU kernels.
+
+    On Paddle 2.6.2's CPU wheel they are about 2x faster than the default kernels for
+    these small nets and give the same numbers to float rounding.  Only convolutions:
+    oneDNN batch norm is slower here, and the global ``FLAGS_use_mkldnn=1`` crashes
+    ("could not reshape a memory descriptor").
+    """
+    for program in programs:
+        for op in program.global_block().ops:
+            if op.type in ONEDNN_OPS:
+                op._set_attr("use_mkldnn", True)
 
 
 def compile_with(program, options: dict):
