@@ -37,7 +37,7 @@ def test_onednn_convolutions_match_the_default_kernels():
     assert conv_ops and all(op.attr("use_mkldnn") for op in conv_ops)
     _, default_losses, default_logits = train_steps(onednn=False)
     np.testing.assert_allclose(losses, default_losses, rtol=1e-4)
-    np.testing.assert_allclose(logits, default_logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logits, default_logits, rtol=1e-3, atol=1e-3)
 
 
 def test_build_strategy_options_compile_the_training_program():
