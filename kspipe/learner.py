@@ -184,9 +184,21 @@ def latest_checkpoint(path: str) -> str:
     raise ConfigError(f"resume={path}: no checkpoint found there")
 
 
+def crossed(done: int, last_done: int, every: int) -> bool:
+    """Whether going from ``last_done`` to ``done`` iterations passed a multiple of ``every``."""
+    return done // every > last_done // every
+
+
 def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
-                       log_curve: bool = True) -> dict:
-    """The whole Reptile job: baseline, meta-training with checkpoints, final evaluation."""
+                       after_init=None, iterations=None, evaluate: bool = True,
+                       baseline: bool | None = None, log_curve: bool | None = None) -> dict:
+    """The whole Reptile job: baseline, meta-training with checkpoints, final evaluation.
+
+    Distributed modes pass ``meta_update`` (how the adapted weights are combined),
+    ``after_init`` (called once theta is set, e.g. to meet the servers), the global
+    ``iterations`` this worker runs, and ``evaluate=False`` where the final evaluation
+    happens elsewhere.  ``baseline`` and ``log_curve`` default to ``evaluate``.
+    """
     cfg = learner.cfg
     reporter = learner.reporter
     meta_update = meta_update or learner.local_meta_update
@@ -200,18 +212,23 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
     if cfg.resume:
         start_iter = learner.load_checkpoint(cfg.resume)
         reporter.say(f"resuming from meta-iteration {start_iter} ({cfg.resume})")
+    if after_init is not None:
+        after_init()
 
     metrics = {}
-    if start_iter == 0 and cfg.eval.baseline:
+    baseline = evaluate if baseline is None else baseline
+    log_curve = evaluate if log_curve is None else log_curve
+    if baseline and start_iter == 0 and cfg.eval.baseline:
         acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
                                    "baseline")
         metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
         reporter.metrics({"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}, 0)
 
     total = cfg.train.meta_iters
-    feed = Prefetcher(learner.train_tasks, range(start_iter, total), depth=3)
+    todo = [i for i in (iterations if iterations is not None else range(total)) if i >= start_iter]
+    feed = Prefetcher(learner.train_tasks, todo, depth=3)
     training_time, tasks_at_start = 0.0, learner.tasks_done
-    losses, shown = [], {}
+    losses, shown, last_done = [], {}, start_iter
     try:
         for iteration, tasks in feed:
             started = time.perf_counter()
@@ -220,8 +237,9 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
             done = iteration + 1
             rate = (learner.tasks_done - tasks_at_start) / max(training_time, 1e-9)
             shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
-            reporter.progress("meta-train", done, total, shown)
-            if log_curve and cfg.eval.interval and done % cfg.eval.interval == 0 and done < total:
+            reporter.progress("meta-train", min(done, total), total, shown)
+            if (log_curve and cfg.eval.interval and done < total
+                    and crossed(done, last_done, cfg.eval.interval)):
                 train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks,
                                                 CURVE_STREAM, "curve (train)")
                 test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks,
@@ -231,14 +249,17 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
                                   "curve/test_accuracy": test_acc,
                                   "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
             if first and cfg.train.checkpoint_every and (
-                    done % cfg.train.checkpoint_every == 0 or done == total):
-                learner.save_checkpoint(ckpt_dir, done)
+                    crossed(done, last_done, cfg.train.checkpoint_every) or iteration == todo[-1]):
+                learner.save_checkpoint(ckpt_dir, min(done, total))
+            last_done = done
     finally:
         feed.close()
     trained = learner.tasks_done - tasks_at_start
     if trained:
         metrics.update(tasks_per_s=trained / training_time,
-                       meta_iters_per_s=(total - start_iter) / training_time)
+                       meta_iters_per_s=len(todo) / training_time)
+    if not evaluate:
+        return metrics
 
     acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
     metrics.update(test_accuracy=acc, test_accuracy_ci95=ci)

@@ -9,6 +9,7 @@ Each stage is the hook of the plugin that ``cfg.stages`` names for it; observers
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -49,33 +50,42 @@ def run(cfg, pm=None) -> dict:
     stage = {name: stage_caller(pm, name, cfg.stages[name]) for name in STAGES}
 
     role = stage["role"](cfg=cfg)
-    if role.is_launcher:
-        return role.launch()
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
     os.makedirs(run_dir, exist_ok=True)
     reporter = Reporter(pm.hook, run_dir)
 
     pm.hook.kspipe_run_start(cfg=cfg, role=role, run_dir=run_dir)
     try:
-        import paddle
-
-        paddle.enable_static()
-        dataset = stage["dataset"](cfg=cfg, role=role)
-        programs = stage["program"](cfg=cfg, dataset=dataset)
-        programs = stage["compile"](cfg=cfg, role=role, programs=programs)
-        executor = paddle.static.Executor(role.place())
-        scope = paddle.static.Scope()
-        metrics = stage["execute"](cfg=cfg, role=role, dataset=dataset, programs=programs,
-                                   executor=executor, scope=scope, reporter=reporter) or {}
-        if role.is_first_worker():
-            model_dir = os.path.join(run_dir, "inference_model")
-            stage["save"](cfg=cfg, role=role, programs=programs, executor=executor, scope=scope,
-                          dirname=model_dir)
-            reporter.artifact(model_dir, "inference_model")
+        if role.is_launcher:  # it starts the job's processes, which run the stages
+            metrics = role.launch(reporter)
+        else:
+            metrics = run_stages(cfg, stage, role, reporter)
     except BaseException as error:
         pm.hook.kspipe_run_error(cfg=cfg, error=error)
         raise
     pm.hook.kspipe_run_end(cfg=cfg, metrics=metrics, run_dir=run_dir)
+    return metrics
+
+
+def run_stages(cfg, stage, role, reporter) -> dict:
+    """dataset -> program -> compile -> execute -> save, in this process's role."""
+    import paddle
+
+    paddle.enable_static()
+    dataset = stage["dataset"](cfg=cfg, role=role)
+    programs = stage["program"](cfg=cfg, dataset=dataset)
+    programs = stage["compile"](cfg=cfg, role=role, programs=programs)
+    executor = paddle.static.Executor(role.place())
+    scope = paddle.static.Scope()
+    metrics = stage["execute"](cfg=cfg, role=role, dataset=dataset, programs=programs,
+                               executor=executor, scope=scope, reporter=reporter) or {}
+    if role.is_first_worker():
+        model_dir = os.path.join(reporter.run_dir, "inference_model")
+        stage["save"](cfg=cfg, role=role, programs=programs, executor=executor, scope=scope,
+                      dirname=model_dir)
+        reporter.artifact(model_dir, "inference_model")
+        with open(os.path.join(reporter.run_dir, "metrics.json"), "w") as f:
+            json.dump(metrics, f, indent=1)
     return metrics
 
 

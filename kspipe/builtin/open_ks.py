@@ -20,6 +20,9 @@ def kspipe_read_dataset(cfg, role):
         raise ConfigError(f"dataset.name={data.name!r} is not one of {', '.join(KINDS)}")
     default_size, channels = KINDS[data.name]
     size = data.image_size or default_size
+    if role.is_server():  # a parameter server needs the image shape, not the images
+        return FewShotDataset(name=data.name, train=[], val=[], test=[],
+                              image_shape=(size, size, channels))
     root = data.root
     if root is None:
         if data.name != "omniglot":

@@ -234,5 +234,5 @@ def inner_batches(num_samples: int, batch_size: int, iterations: int,
 
 def meta_step_size(iteration: int, total: int, initial: float, final: float) -> float:
     """The meta step eps at ``iteration``: linear from ``initial`` to ``final``."""
-    frac = iteration / max(1, total)
+    frac = min(1.0, iteration / max(1, total))
     return frac * final + (1 - frac) * initial

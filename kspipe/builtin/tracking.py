@@ -15,6 +15,7 @@ import time
 from kspipe import hookimpl
 
 PARENT_RUN_ENV = "KSPIPE_PARENT_RUN_ID"
+RUN_ENV = "KSPIPE_RUN_ID"  # a cluster's launcher made the run; its first worker records into it
 MAX_PARAM_LENGTH = 6000
 
 
@@ -56,6 +57,11 @@ class MlflowTracker:
         for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        self.curve = {}
+        self.owner = not (os.environ.get(RUN_ENV) and not role.is_launcher)
+        if not self.owner:
+            self.run_id = os.environ[RUN_ENV]
+            return
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else self.client.create_experiment(cfg.tracking.experiment))
@@ -64,7 +70,8 @@ class MlflowTracker:
             tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
         run = self.client.create_run(experiment_id, run_name=cfg.tracking.run_name, tags=tags)
         self.run_id = run.info.run_id
-        self.curve = {}
+        if role.is_launcher:
+            os.environ[RUN_ENV] = self.run_id  # inherited by the processes it starts
         resolved = OmegaConf.to_container(cfg, resolve=True)
         params = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(resolved).items()]
         for start in range(0, len(params), 100):
@@ -101,7 +108,10 @@ class MlflowTracker:
         plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"))
         if plot:
             self.client.log_artifact(self.run_id, plot)
-        self._end("FINISHED")
+        if self.owner:
+            self._end("FINISHED")
+        else:
+            self.run_id = None
 
     @hookimpl
     def kspipe_run_error(self, cfg, error):
@@ -111,6 +121,8 @@ class MlflowTracker:
 
     def _end(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status)
+        if os.environ.get(RUN_ENV) == self.run_id:
+            del os.environ[RUN_ENV]
         self.run_id = None
 
 

@@ -1,0 +1,355 @@
+"""Mode ``pserver``: Reptile on Paddle fleet's parameter servers (the_one_ps, brpc).
+
+Stages ``role``, ``compile`` and ``execute``.  Started without ``TRAINING_ROLE`` in the
+environment, the role stage is a launcher: it starts ``servers`` server and ``workers``
+worker processes (this module again, in each role) and watches them.
+
+How Reptile maps onto the servers: the servers hold theta.  Each worker adapts copies of
+theta on its own tasks (the inner Adam loops stay local), then pushes
+``g = eps * (theta - mean(phi))`` as the gradient of a one-op "meta program" whose
+optimiser on the servers is SGD with step 1, so the servers apply
+``theta <- theta + eps * (mean(phi) - theta)``: Reptile's meta step.  Workers split the
+meta-iterations between them (worker w runs iterations w, w+W, ...), so a cluster sees
+the same tasks as a local run of the same length.
+
+Strategies (``cluster.strategy``), on Paddle 2.6.2:
+
+* ``async``: each worker pushes, waits until its push is sent (``client_flush``), pulls
+  theta and goes on.  the_one_ps starts no communicator in async mode, so without that
+  explicit flush and pull a worker would never see the servers' theta again.
+* ``sync``: as async, plus a barrier of all workers before the pull, with each push
+  scaled by 1/workers: every worker starts an iteration from the same theta, moved by the
+  mean of all workers' updates.  (Fleet's own sync mode puts a ``send_barrier`` op in the
+  program that needs a communicator the_one_ps never creates: it crashes with SIGSEGV.)
+* ``geo``: fleet's geo-SGD; the meta step is applied locally and the communicator
+  exchanges parameter deltas with the servers every ``cluster.k_steps`` meta-iterations.
+* ``half_async``: refused; Paddle 2.6.2's fleet has no such mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from kspipe import hookimpl
+from kspipe.builtin.local import compile_programs
+from kspipe.cluster import Cluster, check_port_free, free_ports, parse_endpoints, write_job
+from kspipe.errors import ConfigError
+from kspipe.learner import ReptileLearner, train_and_evaluate
+from kspipe.role import Role
+
+STRATEGIES = ("sync", "async", "geo")
+META_GRAD = "_meta_grad"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+# --- role -------------------------------------------------------------------------
+
+
+@hookimpl
+def kspipe_assign_role(cfg):
+    check_strategy(cfg)
+    if os.environ.get("TRAINING_ROLE"):
+        return FleetRole()
+    return PserverLauncher(cfg)
+
+
+def check_strategy(cfg) -> None:
+    strategy = cfg.cluster.strategy
+    if strategy == "half_async":
+        raise ConfigError("cluster.strategy=half_async: Paddle 2.6.2's fleet parameter server "
+                          "has no half-async mode (its DistributedStrategy selects only sync, "
+                          "async or geo); use cluster.strategy=async")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"cluster.strategy={strategy!r} is not one of "
+                          f"{', '.join(STRATEGIES + ('half_async',))}")
+    if strategy == "geo" and (not isinstance(cfg.cluster.k_steps, int) or cfg.cluster.k_steps < 1):
+        raise ConfigError(f"cluster.k_steps={cfg.cluster.k_steps!r} must be at least 1 for geo")
+
+
+class FleetRole(Role):
+    """This process's role in a fleet job, read from Paddle's environment variables."""
+
+    def __init__(self):
+        import paddle
+        import paddle.distributed.fleet as fleet
+
+        paddle.enable_static()
+        self.fleet = fleet
+        fleet.init(fleet.PaddleCloudRoleMaker(is_collective=False))
+
+    def is_worker(self):
+        return self.fleet.is_worker()
+
+    def is_server(self):
+        return self.fleet.is_server()
+
+    def worker_num(self):
+        return self.fleet.worker_num()
+
+    def worker_index(self):
+        return self.fleet.worker_index() if self.is_worker() else -1
+
+    def server_index(self):
+        return self.fleet.server_index() if self.is_server() else -1
+
+    def get_trainer_endpoints(self):
+        return list(self.fleet.worker_endpoints())
+
+    def get_pserver_endpoints(self):
+        return list(self.fleet.server_endpoints())
+
+    def all_gather(self, value):
+        return list(self.fleet.util.all_gather(value, comm_world="worker"))
+
+    def all_reduce_worker(self, input, output, mode="sum"):
+        if mode not in ("sum", "min", "max"):
+            raise ValueError(f"all_reduce_worker mode must be sum, min or max, not {mode!r}")
+        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
+        np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
+
+    def barrier_worker(self):
+        self.fleet.util.barrier("worker")
+
+    def barrier_all(self):
+        self.fleet.util.barrier("worker")
+
+
+class PserverLauncher(Role):
+    """Starts this host's servers and workers of the job and watches them."""
+
+    is_launcher = True
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.servers = endpoints(cfg.servers, "servers")
+        self.workers = endpoints(cfg.workers, "workers")
+        hosts = {e.rpartition(":")[0] for e in self.servers + self.workers}
+        self.host = cfg.cluster.host or (hosts.pop() if len(hosts) == 1 else None)
+        if self.host is None:
+            raise ConfigError("the endpoints name several hosts: set cluster.host to this "
+                              "host's address, and run the same command on each host")
+
+    def worker_num(self):
+        return len(self.workers)
+
+    def launch(self, reporter) -> dict:
+        cfg, run_dir = self.cfg, reporter.run_dir
+        local = [(role, i, e) for role, eps in (("server", self.servers), ("worker", self.workers))
+                 for i, e in enumerate(eps) if e.rpartition(":")[0] == self.host]
+        if not local:
+            raise ConfigError(f"no server or worker endpoint is on cluster.host={self.host}")
+        for _, _, endpoint in local:
+            host, _, port = endpoint.rpartition(":")
+            check_port_free(host, int(port))
+        write_job(cfg, run_dir)
+        local_workers = sum(1 for role, _, _ in local if role == "worker")
+        threads = cfg.cluster.threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+        base = dict(os.environ, **paddle_env(self.servers, self.workers, self.host, run_dir))
+        reporter.say(f"starting {len(self.servers)} server(s) and {len(self.workers)} worker(s) "
+                     f"({cfg.cluster.strategy}); logs in {os.path.join(run_dir, 'logs')}")
+        cluster = Cluster(run_dir)
+        try:
+            for role, index, endpoint in local:
+                env = dict(base, TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
+                           PADDLE_PORT=endpoint.rpartition(":")[2],
+                           PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
+                           OMP_NUM_THREADS=str(1 if role == "server" else threads))
+                cluster.start(role, index, env)
+            cluster.wait(cfg.cluster.timeout_s)
+        finally:
+            cluster.stop()
+            reporter.artifact(cluster.log_dir, "logs")
+        return read_metrics(run_dir)
+
+
+def endpoints(value, key: str) -> list[str]:
+    listed = parse_endpoints(value, key)
+    if listed is not None:
+        return listed
+    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
+
+
+def paddle_env(servers: list[str], workers: list[str], host: str, run_dir: str) -> dict:
+    """Paddle's environment contract for a parameter-server job."""
+    env = {
+        "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(servers),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(workers),
+        "PADDLE_PSERVER_NUMS": str(len(servers)),
+        "PADDLE_TRAINERS_NUM": str(len(workers)),
+        "POD_IP": host,
+        "PADDLE_WITH_GLOO": "1",
+        "GLOG_minloglevel": "2",
+    }
+    if all(e.rpartition(":")[0] in LOCAL_HOSTS for e in servers + workers):
+        env.update(PADDLE_GLOO_RENDEZVOUS="2", PADDLE_GLOO_FS_PATH=os.path.join(run_dir, "gloo"))
+    else:  # across hosts: gloo meets over HTTP beside the first server
+        first_host, _, first_port = servers[0].rpartition(":")
+        env.update(PADDLE_GLOO_RENDEZVOUS="3",
+                   PADDLE_GLOO_HTTP_ENDPOINT=f"{first_host}:{int(first_port) + 1}")
+    return env
+
+
+def read_metrics(run_dir: str) -> dict:
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+# --- compile: the meta program on the servers ---------------------------------------
+
+
+@hookimpl
+def kspipe_compile_program(cfg, role, programs):
+    compile_programs(cfg, programs)
+    programs.meta, programs.meta_startup = build_meta_program(cfg, programs)
+    return programs
+
+
+def build_meta_program(cfg, programs):
+    """theta . g summed over parameters, minimised by SGD(1) through fleet: theta -= g."""
+    import paddle
+    import paddle.distributed.fleet as fleet
+
+    block = programs.train.global_block()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        terms = []
+        for name in programs.params:
+            shape = list(block.var(name).shape)
+            theta = paddle.static.create_parameter(
+                shape, "float32", name=name, default_initializer=paddle.nn.initializer.Constant(0.0))
+            grad = paddle.static.data(name + META_GRAD, shape, "float32")
+            terms.append(paddle.sum(paddle.multiply(theta, grad)))
+        loss = paddle.add_n(terms)
+        strategy = fleet.DistributedStrategy()
+        strategy.a_sync = True
+        strategy.a_sync_configs = {"k_steps": cfg.cluster.k_steps if cfg.cluster.strategy == "geo" else 0}
+        fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0), strategy).minimize(loss)
+        return loss.block.program, paddle.static.default_startup_program()
+
+
+# --- execute ------------------------------------------------------------------------
+
+
+@hookimpl
+def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    fleet = role.fleet
+    if role.is_server():
+        fleet.init_server()
+        reporter.say(f"server {role.server_index()} ready")
+        fleet.run_server()
+        return {}
+    learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
+    link = ServerLink(cfg, role, programs, executor, scope)
+    workers, index = role.worker_num(), role.worker_index()
+    per_worker = -(-cfg.train.meta_iters // workers)
+    iterations = range(index, per_worker * workers, workers)
+    first = role.is_first_worker()
+    try:
+        metrics = train_and_evaluate(learner, reporter.run_dir, meta_update=link.meta_update,
+                                     after_init=link.connect, iterations=iterations,
+                                     evaluate=False, baseline=first, log_curve=first)
+        rates = role.all_gather(float(metrics.get("tasks_per_s", 0.0)))
+        role.barrier_worker()
+        if first:
+            link.pull()
+            metrics.update(evaluate_first_worker(learner, reporter))
+            metrics["tasks_per_s"] = float(sum(rates))
+            metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
+            reporter.metrics(metrics, cfg.train.meta_iters)
+        role.barrier_worker()
+    finally:
+        link.close(first)
+    return metrics
+
+
+def evaluate_first_worker(learner, reporter) -> dict:
+    from kspipe.learner import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM
+
+    cfg = learner.cfg
+    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
+    out = dict(test_accuracy=acc, test_accuracy_ci95=ci)
+    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
+                               "evaluate (train)")
+    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
+    return out
+
+
+class ServerLink:
+    """A worker's exchange of theta with the servers, through the meta program."""
+
+    def __init__(self, cfg, role, programs, executor, scope):
+        import paddle
+
+        self.cfg, self.role, self.p, self.exe, self.scope = cfg, role, programs, executor, scope
+        self.meta_scope = paddle.static.Scope()  # the servers' view of theta
+        self.strategy = cfg.cluster.strategy
+        self.runtime = None
+
+    def connect(self) -> None:
+        """Meet the servers: worker 0's theta becomes theirs, every worker pulls it."""
+        import paddle
+
+        self.exe.run(self.p.meta_startup, scope=self.meta_scope)
+        self._copy(self.scope, self.meta_scope, self.p.params)
+        with paddle.static.scope_guard(self.meta_scope):  # geo's communicator binds to it
+            self.role.fleet.init_worker(scopes=[self.meta_scope])
+        self.runtime = self.role.fleet.fleet._runtime_handle
+        self._take_theta()
+
+    def meta_update(self, eps: float, count: int) -> None:
+        theta = self._read(self.scope, [n + "@THETA" for n in self.p.params])
+        acc = self._read(self.scope, [n + "@ACC" for n in self.p.params])
+        scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
+        feed = {name + META_GRAD: scale * (t - a / count)
+                for name, t, a in zip(self.p.params, theta, acc)}
+        self.exe.run(self.p.meta, feed=feed, scope=self.meta_scope)
+        for name, a in zip(self.p.params, acc):
+            self.scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
+        if self.strategy in ("async", "sync"):
+            self.runtime._worker.client_flush()
+            if self.strategy == "sync":
+                self.role.barrier_worker()
+            self.pull()
+        self._take_theta()
+
+    def pull(self) -> None:
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+        rt = self.runtime
+        dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
+        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
+        self._take_theta()
+
+    def _take_theta(self) -> None:
+        """theta (and the working weights) <- the servers' view."""
+        self._copy(self.meta_scope, self.scope, self.p.params)
+        self.exe.run(self.p.save_theta, scope=self.scope)
+
+    def close(self, first: bool) -> None:
+        if self.runtime is None:
+            return
+        if first:
+            self.runtime._worker.stop_server()
+        self.role.fleet.stop_worker()
+
+    @staticmethod
+    def _read(scope, names):
+        return [np.array(scope.find_var(n).get_tensor()) for n in names]
+
+    @staticmethod
+    def _copy(src, dst, names):
+        place = _cpu()
+        for n in names:
+            dst.var(n).get_tensor().set(np.array(src.find_var(n).get_tensor()), place)
+
+
+def _cpu():
+    import paddle
+
+    return paddle.CPUPlace()

@@ -1,0 +1,34 @@
+"""One role of a cluster job: ``python -m kspipe.worker <run_dir>/job.yaml``.
+
+The launcher starts this with Paddle's environment contract set (``TRAINING_ROLE`` and
+friends); the role stage reads it and plays that role.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+def main(argv: list[str]) -> int:
+    from omegaconf import OmegaConf
+
+    from kspipe.errors import KspipeError
+    from kspipe.pipeline import run
+
+    if len(argv) != 1:
+        print("usage: python -m kspipe.worker <job.yaml>", file=sys.stderr)
+        return 2
+    cfg = OmegaConf.load(argv[0])
+    try:
+        run(cfg)
+    except KspipeError as err:
+        print(f"kspipe: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
