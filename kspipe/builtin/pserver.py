@@ -21,8 +21,13 @@ Strategies (``cluster.strategy``), on Paddle 2.6.2:
   scaled by 1/workers: every worker starts an iteration from the same theta, moved by the
   mean of all workers' updates.  (Fleet's own sync mode puts a ``send_barrier`` op in the
   program that needs a communicator the_one_ps never creates: it crashes with SIGSEGV.)
-* ``geo``: fleet's geo-SGD; the meta step is applied locally and the communicator
-  exchanges parameter deltas with the servers every ``cluster.k_steps`` meta-iterations.
+* ``geo``: geo-SGD: each worker applies its meta steps locally and, every
+  ``cluster.k_steps`` meta-iterations, pushes the change of theta since its last exchange
+  (scaled by 1/workers, as Paddle's geo communicator does) and pulls the merged theta.
+  kspipe does the exchange itself: Paddle 2.6.2's geo mode sends no dense parameters from
+  ``exe.run`` (its trainer pass adds send ops only for sparse tables in geo mode, and the
+  geo communicator is only driven by those), so fleet's own geo would train each worker
+  alone.
 * ``half_async``: refused; Paddle 2.6.2's fleet has no such mode.
 """
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 
@@ -184,7 +190,9 @@ def paddle_env(servers: list[str], workers: list[str], host: str, run_dir: str) 
         "GLOG_minloglevel": "2",
     }
     if all(e.rpartition(":")[0] in LOCAL_HOSTS for e in servers + workers):
-        env.update(PADDLE_GLOO_RENDEZVOUS="2", PADDLE_GLOO_FS_PATH=os.path.join(run_dir, "gloo"))
+        meeting = os.path.join(run_dir, "gloo")
+        shutil.rmtree(meeting, ignore_errors=True)  # an earlier job's addresses are stale
+        env.update(PADDLE_GLOO_RENDEZVOUS="2", PADDLE_GLOO_FS_PATH=meeting)
     else:  # across hosts: gloo meets over HTTP beside the first server
         first_host, _, first_port = servers[0].rpartition(":")
         env.update(PADDLE_GLOO_RENDEZVOUS="3",
@@ -227,8 +235,8 @@ def build_meta_program(cfg, programs):
             terms.append(paddle.sum(paddle.multiply(theta, grad)))
         loss = paddle.add_n(terms)
         strategy = fleet.DistributedStrategy()
-        strategy.a_sync = True
-        strategy.a_sync_configs = {"k_steps": cfg.cluster.k_steps if cfg.cluster.strategy == "geo" else 0}
+        strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
+        strategy.a_sync_configs = {"k_steps": 0}
         fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0), strategy).minimize(loss)
         return loss.block.program, paddle.static.default_startup_program()
 
@@ -245,7 +253,7 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
         fleet.run_server()
         return {}
     learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
-    link = ServerLink(cfg, role, programs, executor, scope)
+    link = ServerLink(learner)
     workers, index = role.worker_num(), role.worker_index()
     per_worker = -(-cfg.train.meta_iters // workers)
     iterations = range(index, per_worker * workers, workers)
@@ -254,8 +262,8 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
         metrics = train_and_evaluate(learner, reporter.run_dir, meta_update=link.meta_update,
                                      after_init=link.connect, iterations=iterations,
                                      evaluate=False, baseline=first, log_curve=first)
+        link.finish()
         rates = role.all_gather(float(metrics.get("tasks_per_s", 0.0)))
-        role.barrier_worker()
         if first:
             link.pull()
             metrics.update(evaluate_first_worker(learner, reporter))
@@ -283,13 +291,16 @@ def evaluate_first_worker(learner, reporter) -> dict:
 class ServerLink:
     """A worker's exchange of theta with the servers, through the meta program."""
 
-    def __init__(self, cfg, role, programs, executor, scope):
+    def __init__(self, learner):
         import paddle
 
-        self.cfg, self.role, self.p, self.exe, self.scope = cfg, role, programs, executor, scope
+        self.learner = learner
+        self.cfg, self.role, self.p = learner.cfg, learner.role, learner.p
+        self.exe, self.scope = learner.exe, learner.scope
         self.meta_scope = paddle.static.Scope()  # the servers' view of theta
-        self.strategy = cfg.cluster.strategy
+        self.strategy = self.cfg.cluster.strategy
         self.runtime = None
+        self.steps = 0  # geo: meta steps since the last exchange
 
     def connect(self) -> None:
         """Meet the servers: worker 0's theta becomes theirs, every worker pulls it."""
@@ -297,26 +308,48 @@ class ServerLink:
 
         self.exe.run(self.p.meta_startup, scope=self.meta_scope)
         self._copy(self.scope, self.meta_scope, self.p.params)
-        with paddle.static.scope_guard(self.meta_scope):  # geo's communicator binds to it
+        with paddle.static.scope_guard(self.meta_scope):
             self.role.fleet.init_worker(scopes=[self.meta_scope])
         self.runtime = self.role.fleet.fleet._runtime_handle
         self._take_theta()
 
     def meta_update(self, eps: float, count: int) -> None:
+        if self.strategy == "geo":
+            self.learner.local_meta_update(eps, count)
+            self.steps += 1
+            if self.steps >= self.cfg.cluster.k_steps:
+                self.exchange_delta()
+            return
         theta = self._read(self.scope, [n + "@THETA" for n in self.p.params])
         acc = self._read(self.scope, [n + "@ACC" for n in self.p.params])
         scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
-        feed = {name + META_GRAD: scale * (t - a / count)
-                for name, t, a in zip(self.p.params, theta, acc)}
-        self.exe.run(self.p.meta, feed=feed, scope=self.meta_scope)
+        self.push({name: scale * (t - a / count) for name, t, a in zip(self.p.params, theta, acc)})
         for name, a in zip(self.p.params, acc):
             self.scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
-        if self.strategy in ("async", "sync"):
-            self.runtime._worker.client_flush()
-            if self.strategy == "sync":
-                self.role.barrier_worker()
-            self.pull()
-        self._take_theta()
+        if self.strategy == "sync":
+            self.role.barrier_worker()
+        self.pull()
+
+    def exchange_delta(self) -> None:
+        """geo: push the change since the last exchange (divided among workers), pull."""
+        theta = self._read(self.scope, [n + "@THETA" for n in self.p.params])
+        last = self._read(self.meta_scope, self.p.params)
+        workers = self.role.worker_num()
+        self.push({name: (b - t) / workers for name, t, b in zip(self.p.params, theta, last)})
+        self.pull()
+        self.steps = 0
+
+    def finish(self) -> None:
+        """Send what is still local (geo), then wait until every worker has."""
+        if self.strategy == "geo" and self.steps:
+            self.exchange_delta()
+        self.role.barrier_worker()
+
+    def push(self, grads: dict) -> None:
+        """Send ``grads`` (theta <- theta - grad on the servers) and wait until sent."""
+        feed = {name + META_GRAD: g.astype(np.float32) for name, g in grads.items()}
+        self.exe.run(self.p.meta, feed=feed, scope=self.meta_scope)
+        self.runtime._worker.client_flush()
 
     def pull(self) -> None:
         from paddle.distributed.ps.utils.public import get_the_one_recv_context
