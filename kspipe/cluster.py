@@ -10,8 +10,10 @@ names the failed role and its log.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +27,7 @@ from omegaconf import OmegaConf
 from kspipe.errors import ClusterError, ConfigError
 
 JOB_FILE = "job.yaml"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
 STOP_GRACE_S = 5.0
 
 
@@ -194,6 +197,65 @@ def _last_line(path: str) -> str:
         if line.startswith("kspipe: error:") or "Error" in line:
             return f" ({line[:300]})"
     return ""
+
+
+def run_cluster(cfg, reporter, plan: list[tuple[str, int, dict]], description: str) -> dict:
+    """Start the ``(role, index, env)`` processes of ``plan``, wait, return the job's metrics.
+
+    The processes run the stages from ``<run_dir>/job.yaml``; the first worker writes
+    ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts, also when the
+    job fails.
+    """
+    run_dir = reporter.run_dir
+    write_job(cfg, run_dir)
+    cluster = Cluster(run_dir)
+    reporter.say(f"starting {description}; logs in {cluster.log_dir}")
+    try:
+        for role, index, env in plan:
+            cluster.start(role, index, env)
+        cluster.wait(cfg.cluster.timeout_s)
+    finally:
+        cluster.stop()
+        reporter.artifact(cluster.log_dir, "logs")
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        raise ClusterError(f"the job ended without results; logs in {cluster.log_dir}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def threads_per_worker(cfg, local_workers: int) -> int:
+    """Math threads for each worker so this host's workers do not fight over its cores."""
+    return cfg.cluster.threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+
+
+def gloo_env(run_dir: str, endpoints: list[str], http_endpoint: str) -> dict:
+    """Where the job's processes meet for gloo: a folder on one host, else HTTP."""
+    if all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
+        meeting = os.path.join(run_dir, "gloo")
+        shutil.rmtree(meeting, ignore_errors=True)  # an earlier job's addresses are stale
+        return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "2",
+                "PADDLE_GLOO_FS_PATH": meeting}
+    return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "3",
+            "PADDLE_GLOO_HTTP_ENDPOINT": http_endpoint}
+
+
+def local_endpoints(value, key: str) -> list[str]:
+    """The endpoints ``value`` lists, or that many free ports on 127.0.0.1."""
+    listed = parse_endpoints(value, key)
+    if listed is not None:
+        return listed
+    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
+
+
+def this_host(cfg, endpoints: list[str]) -> str:
+    """The host whose roles this command starts."""
+    hosts = {e.rpartition(":")[0] for e in endpoints}
+    host = cfg.cluster.host or (hosts.pop() if len(hosts) == 1 else None)
+    if host is None:
+        raise ConfigError("the endpoints name several hosts: set cluster.host to this "
+                          "host's address, and run the same command on each host")
+    return host
 
 
 def write_job(cfg, run_dir: str) -> str:

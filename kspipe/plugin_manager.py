@@ -23,16 +23,18 @@ STAGES = {
 DISABLE_AUTOLOAD_ENV = "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"
 
 #: Modes that are planned but not built yet: asking for them gives a clear error.
-PLANNED_MODES = ("collective",)
+PLANNED_MODES: tuple = ()
 
 
 def builtin_plugins():
     """Return ``(name, module)`` of the plugins that ship inside kspipe."""
-    from kspipe.builtin import inference, local, open_ks, progress, pserver, reptile, tracking
+    from kspipe.builtin import (collective, inference, local, open_ks, progress, pserver, reptile,
+                                tracking)
 
     return [
         ("local", local),
         ("pserver", pserver),
+        ("collective", collective),
         ("open_ks", open_ks),
         ("reptile", reptile),
         ("inference", inference),

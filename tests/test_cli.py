@@ -80,8 +80,3 @@ def test_bad_data(tmp_path, data_copy, damage, args, fragments):
     if "cannot read image" in fragments:
         assert first_character(data_copy).name in result.stderr
     assert finished_runs(tmp_path / "mlflow.db") == []
-
-
-def test_mode_not_built_yet_is_a_clear_error(tmp_path):
-    result = kspipe("mode=collective", cwd=tmp_path)
-    assert_one_line_error(result, "mode=collective is not available yet")

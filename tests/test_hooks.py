@@ -127,8 +127,8 @@ def test_unknown_plugin_for_a_stage_lists_the_available_ones():
     pm = get_plugin_manager(load_entrypoints=False)
     with pytest.raises(ConfigError, match=r"stages.dataset='imagenet22k'.*available: open_ks"):
         stage_caller(pm, "dataset", "imagenet22k")
-    with pytest.raises(ConfigError, match="not available yet"):
-        check_mode(pm, "pserver")
+    with pytest.raises(ConfigError, match=r"unknown mode 'ring' \(available: collective, local, pserver\)"):
+        check_mode(pm, "ring")
 
 
 def test_installed_plugins_load_from_the_entry_point_group(monkeypatch):

@@ -62,15 +62,16 @@ def worker_pid(run_dir, index):
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"TRAINING_ROLE=TRAINER" in env and f"PADDLE_TRAINER_ID={index}".encode() in env:
+        if b"TRAINING_ROLE=PSERVER" not in env and f"PADDLE_TRAINER_ID={index}".encode() in env:
             return int(pid)
     return None
 
 
-def test_a_killed_worker_stops_the_job(tmp_path, tiny_data):
+@pytest.mark.parametrize("mode", ["pserver", "collective"])
+def test_a_killed_worker_stops_the_job(tmp_path, tiny_data, mode):
     run_dir = tmp_path / "run"
     args = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-            "mode=pserver", "workers=2", "servers=1", "train.meta_iters=100000",
+            f"mode={mode}", "workers=2", "servers=1", "train.meta_iters=100000",
             "train.checkpoint_every=0", "eval.interval=0"]
     launcher = subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -99,7 +100,7 @@ def test_a_killed_worker_stops_the_job(tmp_path, tiny_data):
         assert db.execute("select status from runs").fetchall() == [("FAILED",)]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (record,) = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id])
-    assert len(client.list_artifacts(record.info.run_id, "logs")) == 3
+    assert len(client.list_artifacts(record.info.run_id, "logs")) == (3 if mode == "pserver" else 2)
 
 
 def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data):

@@ -33,22 +33,20 @@ Strategies (``cluster.strategy``), on Paddle 2.6.2:
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import numpy as np
 
 from kspipe import hookimpl
 from kspipe.builtin.local import compile_programs
-from kspipe.cluster import Cluster, check_port_free, free_ports, parse_endpoints, write_job
+from kspipe.cluster import (check_port_free, gloo_env, local_endpoints, run_cluster, this_host,
+                            threads_per_worker)
 from kspipe.errors import ConfigError
 from kspipe.learner import ReptileLearner, train_and_evaluate
 from kspipe.role import Role
 
 STRATEGIES = ("sync", "async", "geo")
 META_GRAD = "_meta_grad"
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
 # --- role -------------------------------------------------------------------------
@@ -130,19 +128,15 @@ class PserverLauncher(Role):
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.servers = endpoints(cfg.servers, "servers")
-        self.workers = endpoints(cfg.workers, "workers")
-        hosts = {e.rpartition(":")[0] for e in self.servers + self.workers}
-        self.host = cfg.cluster.host or (hosts.pop() if len(hosts) == 1 else None)
-        if self.host is None:
-            raise ConfigError("the endpoints name several hosts: set cluster.host to this "
-                              "host's address, and run the same command on each host")
+        self.servers = local_endpoints(cfg.servers, "servers")
+        self.workers = local_endpoints(cfg.workers, "workers")
+        self.host = this_host(cfg, self.servers + self.workers)
 
     def worker_num(self):
         return len(self.workers)
 
     def launch(self, reporter) -> dict:
-        cfg, run_dir = self.cfg, reporter.run_dir
+        cfg = self.cfg
         local = [(role, i, e) for role, eps in (("server", self.servers), ("worker", self.workers))
                  for i, e in enumerate(eps) if e.rpartition(":")[0] == self.host]
         if not local:
@@ -150,62 +144,32 @@ class PserverLauncher(Role):
         for _, _, endpoint in local:
             host, _, port = endpoint.rpartition(":")
             check_port_free(host, int(port))
-        write_job(cfg, run_dir)
-        local_workers = sum(1 for role, _, _ in local if role == "worker")
-        threads = cfg.cluster.threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
-        base = dict(os.environ, **paddle_env(self.servers, self.workers, self.host, run_dir))
-        reporter.say(f"starting {len(self.servers)} server(s) and {len(self.workers)} worker(s) "
-                     f"({cfg.cluster.strategy}); logs in {os.path.join(run_dir, 'logs')}")
-        cluster = Cluster(run_dir)
-        try:
-            for role, index, endpoint in local:
-                env = dict(base, TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
-                           PADDLE_PORT=endpoint.rpartition(":")[2],
-                           PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
-                           OMP_NUM_THREADS=str(1 if role == "server" else threads))
-                cluster.start(role, index, env)
-            cluster.wait(cfg.cluster.timeout_s)
-        finally:
-            cluster.stop()
-            reporter.artifact(cluster.log_dir, "logs")
-        return read_metrics(run_dir)
+        threads = threads_per_worker(cfg, sum(1 for role, _, _ in local if role == "worker"))
+        first_host, _, first_port = self.servers[0].rpartition(":")
+        base = dict(os.environ, **paddle_env(self.servers, self.workers, self.host),
+                    **gloo_env(reporter.run_dir, self.servers + self.workers,
+                               f"{first_host}:{int(first_port) + 1}"))
+        plan = []
+        for role, index, endpoint in local:
+            plan.append((role, index, dict(
+                base, TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
+                PADDLE_PORT=endpoint.rpartition(":")[2],
+                PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
+                OMP_NUM_THREADS=str(1 if role == "server" else threads))))
+        return run_cluster(cfg, reporter, plan, f"{len(self.servers)} server(s) and "
+                           f"{len(self.workers)} worker(s) ({cfg.cluster.strategy})")
 
 
-def endpoints(value, key: str) -> list[str]:
-    listed = parse_endpoints(value, key)
-    if listed is not None:
-        return listed
-    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
-
-
-def paddle_env(servers: list[str], workers: list[str], host: str, run_dir: str) -> dict:
+def paddle_env(servers: list[str], workers: list[str], host: str) -> dict:
     """Paddle's environment contract for a parameter-server job."""
-    env = {
+    return {
         "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(servers),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(workers),
         "PADDLE_PSERVER_NUMS": str(len(servers)),
         "PADDLE_TRAINERS_NUM": str(len(workers)),
         "POD_IP": host,
-        "PADDLE_WITH_GLOO": "1",
         "GLOG_minloglevel": "2",
     }
-    if all(e.rpartition(":")[0] in LOCAL_HOSTS for e in servers + workers):
-        meeting = os.path.join(run_dir, "gloo")
-        shutil.rmtree(meeting, ignore_errors=True)  # an earlier job's addresses are stale
-        env.update(PADDLE_GLOO_RENDEZVOUS="2", PADDLE_GLOO_FS_PATH=meeting)
-    else:  # across hosts: gloo meets over HTTP beside the first server
-        first_host, _, first_port = servers[0].rpartition(":")
-        env.update(PADDLE_GLOO_RENDEZVOUS="3",
-                   PADDLE_GLOO_HTTP_ENDPOINT=f"{first_host}:{int(first_port) + 1}")
-    return env
-
-
-def read_metrics(run_dir: str) -> dict:
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
 
 
 # --- compile: the meta program on the servers ---------------------------------------
