@@ -38,6 +38,12 @@ def main() -> None:
     if extra_dirs:
         sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     hydra_main()
+    from kspipe.sweep import FAILED_JOBS
+
+    if FAILED_JOBS:
+        print(f"kspipe: error: {len(FAILED_JOBS)} job(s) of the sweep failed: "
+              f"{'; '.join(FAILED_JOBS)}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def fail(err: KspipeError) -> None:
@@ -79,16 +85,25 @@ def available_experiments(extra_dirs: list[str]) -> set[str]:
 
 @hydra.main(version_base="1.3", config_path="pkg://kspipe.conf", config_name="config")
 def hydra_main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from kspipe.pipeline import run
+    from kspipe.sweep import FAILED_JOBS, job_label
 
-    if cfg.run_dir is None:
-        from hydra.core.hydra_config import HydraConfig
-
-        with open_dict(cfg):
-            cfg.run_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
+    job = job_label(hydra_cfg.overrides.task) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    with open_dict(cfg):
+        cfg.run_dir = cfg.run_dir or hydra_cfg.runtime.output_dir
+        cfg.tracking.run_name = cfg.tracking.run_name or job
     try:
         metrics = run(cfg, _pm)
     except KspipeError as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # report, and let the other jobs run
+            job = job or str(hydra_cfg.job.num)
+            print(f"kspipe: error: job {job}: {err}", file=sys.stderr, flush=True)
+            FAILED_JOBS.append(f"{job}: {err}")
+            return
         fail(err)
     except KeyboardInterrupt:
         print("kspipe: interrupted", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""kspipe-shapes: an example kspipe plugin package (see ``plugin.py``)."""

@@ -1,0 +1,43 @@
+"""The example plugin, tested with kspipe's test kit."""
+
+import numpy as np
+import pytest
+
+from kspipe.errors import ConfigError
+from kspipe.pipeline import run
+from kspipe.testing import HookRecorder, compose_config, plugin_manager
+from kspipe_shapes import plugin
+
+CONFIG_DIRS = ["pkg://kspipe_shapes.conf"]
+
+
+def shapes_cfg(tmp_path, *overrides):
+    return compose_config(["+experiment=shapes_5way", f"run_dir={tmp_path / 'run'}",
+                           "tracking.enabled=false", *overrides], config_dirs=CONFIG_DIRS)
+
+
+def test_drawings_of_a_shape_vary_but_resemble_each_other():
+    cfg = shapes_cfg(None, "shapes.classes=10")
+    dataset = plugin.kspipe_read_dataset(cfg=cfg, role=None)
+    assert len(dataset.train) == 8 and len(dataset.test) == 2
+    a = dataset.train[0].sample(4, np.random.default_rng(0))
+    b = dataset.train[1].sample(4, np.random.default_rng(0))
+    assert a.shape == (4, 28, 28, 1) and 0 <= a.min() and a.max() <= 1
+    within = np.abs(a[0] - a[1]).mean()
+    between = np.abs(a[0] - b[0]).mean()
+    assert 0 < within and within < between * 1.5
+
+
+def test_a_pipeline_runs_through_the_plugin(tmp_path):
+    recorder = HookRecorder()
+    cfg = shapes_cfg(tmp_path, "train.meta_iters=4", "eval.tasks=3", "eval.interval=2",
+                     "eval.interval_tasks=2", "shapes.classes=30")
+    assert cfg.stages.dataset == "shapes"
+    metrics = run(cfg, plugin_manager(("shapes", plugin), recorder))
+    assert 0 <= metrics["test_accuracy"] <= 1
+    assert "kspipe_run_end" in recorder.names()
+
+
+def test_bad_settings_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="shapes.classes=1"):
+        run(shapes_cfg(tmp_path, "shapes.classes=1"), plugin_manager(("shapes", plugin)))
