@@ -16,8 +16,8 @@ def shapes_cfg(tmp_path, *overrides):
                            "tracking.enabled=false", *overrides], config_dirs=CONFIG_DIRS)
 
 
-def test_drawings_of_a_shape_vary_but_resemble_each_other():
-    cfg = shapes_cfg(None, "shapes.classes=10")
+def test_drawings_of_a_shape_vary_but_resemble_each_other(tmp_path):
+    cfg = shapes_cfg(tmp_path, "shapes.classes=10")
     dataset = plugin.kspipe_read_dataset(cfg=cfg, role=None)
     assert len(dataset.train) == 8 and len(dataset.test) == 2
     a = dataset.train[0].sample(4, np.random.default_rng(0))
