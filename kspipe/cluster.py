@@ -88,21 +88,23 @@ class Process:
 class Cluster:
     """The processes of one job on this host; started together, stopped together."""
 
-    def __init__(self, run_dir: str, echo_first_worker: bool = True):
+    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None):
         self.run_dir = run_dir
-        self.log_dir = os.path.join(run_dir, "logs")
+        self.log_dir = log_dir or os.path.join(run_dir, "logs")
         self.processes: list[Process] = []
         self.echo_first_worker = echo_first_worker
 
-    def start(self, role: str, index: int, env: dict) -> Process:
+    def start(self, role: str, index: int, env: dict, command: list[str] | None = None) -> Process:
+        """Start one role: ``command`` (default: the job's stages, ``kspipe.worker``)."""
         os.makedirs(self.log_dir, exist_ok=True)
         log_path = os.path.join(self.log_dir, f"{role}.{index}.log")
         log = open(log_path, "w", buffering=1)
-        cmd = [sys.executable, "-u", "-m", "kspipe.worker", os.path.join(self.run_dir, JOB_FILE)]
+        cmd = command or [sys.executable, "-u", "-m", "kspipe.worker",
+                          os.path.join(self.run_dir, JOB_FILE)]
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, text=True)
         process = Process(role, index, popen, log_path)
-        echo = self.echo_first_worker and role == "worker" and index == 0
+        echo = self.echo_first_worker if (role == "worker" and index == 0) else False
         thread = threading.Thread(target=_copy_output, args=(popen.stdout, log, echo), daemon=True)
         thread.start()
         process.threads.append(thread)
@@ -172,7 +174,7 @@ def _copy_output(stream, log, echo: bool) -> None:
     with log:
         for line in stream:
             log.write(line)
-            if echo and _ECHOED.match(line):
+            if echo is True and _ECHOED.match(line) or echo == "all":
                 sys.stderr.write(line)
                 sys.stderr.flush()
 

@@ -178,31 +178,90 @@ def paddle_env(servers: list[str], workers: list[str], host: str) -> dict:
 @hookimpl
 def kspipe_compile_program(cfg, role, programs):
     compile_programs(cfg, programs)
-    programs.meta, programs.meta_startup = build_meta_program(cfg, programs)
+    block = programs.train.global_block()
+    programs.exchange = ParameterExchange({n: list(block.var(n).shape) for n in programs.params})
     return programs
 
 
-def build_meta_program(cfg, programs):
-    """theta . g summed over parameters, minimised by SGD(1) through fleet: theta -= g."""
-    import paddle
-    import paddle.distributed.fleet as fleet
+class ParameterExchange:
+    """Moves dense parameters between a worker and the servers.
 
-    block = programs.train.global_block()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        terms = []
-        for name in programs.params:
-            shape = list(block.var(name).shape)
-            theta = paddle.static.create_parameter(
-                shape, "float32", name=name, default_initializer=paddle.nn.initializer.Constant(0.0))
-            grad = paddle.static.data(name + META_GRAD, shape, "float32")
-            terms.append(paddle.sum(paddle.multiply(theta, grad)))
-        loss = paddle.add_n(terms)
-        strategy = fleet.DistributedStrategy()
-        strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
-        strategy.a_sync_configs = {"k_steps": 0}
-        fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0), strategy).minimize(loss)
-        return loss.block.program, paddle.static.default_startup_program()
+    A one-op "meta program", ``sum(theta * g)`` over the parameters, is transpiled by fleet
+    with SGD of step 1 on the servers: pushing ``g`` makes the servers do ``theta -= g``.
+    It lives in a scope of its own, the worker's view of the servers' theta, so the
+    model's programs are never transpiled.  Build it in every role (servers take their
+    tables from it).
+    """
+
+    def __init__(self, shapes: dict):
+        import paddle
+        import paddle.distributed.fleet as fleet
+
+        self.names = list(shapes)
+        self.fleet = fleet
+        self.scope = paddle.static.Scope()
+        self.runtime = None
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+            terms = []
+            for name, shape in shapes.items():
+                theta = paddle.static.create_parameter(
+                    shape, "float32", name=name,
+                    default_initializer=paddle.nn.initializer.Constant(0.0))
+                grad = paddle.static.data(name + META_GRAD, shape, "float32")
+                terms.append(paddle.sum(paddle.multiply(theta, grad)))
+            loss = paddle.add_n(terms)
+            strategy = fleet.DistributedStrategy()
+            strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
+            strategy.a_sync_configs = {"k_steps": 0}
+            fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0),
+                                        strategy).minimize(loss)
+            self.program = loss.block.program
+            self.startup = paddle.static.default_startup_program()
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+
+    def connect(self, values: dict) -> dict:
+        """Meet the servers with worker 0's ``values``; return the servers' theta."""
+        import paddle
+
+        self.exe.run(self.startup, scope=self.scope)
+        self.set(values)
+        with paddle.static.scope_guard(self.scope):
+            self.fleet.init_worker(scopes=[self.scope])
+        self.runtime = self.fleet.fleet._runtime_handle
+        return self.get()
+
+    def push(self, grads: dict) -> None:
+        """The servers do ``theta -= grads``; returns once the push is sent."""
+        feed = {name + META_GRAD: np.asarray(g, np.float32) for name, g in grads.items()}
+        self.exe.run(self.program, feed=feed, scope=self.scope)
+        self.runtime._worker.client_flush()
+
+    def pull(self) -> dict:
+        """The servers' theta."""
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+        rt = self.runtime
+        dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
+        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
+        return self.get()
+
+    def get(self) -> dict:
+        return {n: np.array(self.scope.find_var(n).get_tensor()) for n in self.names}
+
+    def set(self, values: dict) -> None:
+        place = _cpu()
+        for name, value in values.items():
+            self.scope.var(name).get_tensor().set(np.asarray(value, np.float32), place)
+
+    def close(self, first: bool) -> None:
+        """Leave the servers; the first worker (after the others) stops them."""
+        if self.runtime is None:
+            return
+        if first:
+            self.runtime._worker.stop_server()
+        self.fleet.stop_worker()
+        self.runtime = None
 
 
 # --- execute ------------------------------------------------------------------------
@@ -253,29 +312,19 @@ def evaluate_first_worker(learner, reporter) -> dict:
 
 
 class ServerLink:
-    """A worker's exchange of theta with the servers, through the meta program."""
+    """A Reptile worker's side of the strategies, over a :class:`ParameterExchange`."""
 
     def __init__(self, learner):
-        import paddle
-
         self.learner = learner
         self.cfg, self.role, self.p = learner.cfg, learner.role, learner.p
-        self.exe, self.scope = learner.exe, learner.scope
-        self.meta_scope = paddle.static.Scope()  # the servers' view of theta
+        self.exchange = self.p.exchange
         self.strategy = self.cfg.cluster.strategy
-        self.runtime = None
         self.steps = 0  # geo: meta steps since the last exchange
 
     def connect(self) -> None:
-        """Meet the servers: worker 0's theta becomes theirs, every worker pulls it."""
-        import paddle
-
-        self.exe.run(self.p.meta_startup, scope=self.meta_scope)
-        self._copy(self.scope, self.meta_scope, self.p.params)
-        with paddle.static.scope_guard(self.meta_scope):
-            self.role.fleet.init_worker(scopes=[self.meta_scope])
-        self.runtime = self.role.fleet.fleet._runtime_handle
-        self._take_theta()
+        """Meet the servers: worker 0's theta becomes theirs, every worker takes it."""
+        values = dict(zip(self.p.params, read(self.learner.scope, self.p.params)))
+        self._take(self.exchange.connect(values))
 
     def meta_update(self, eps: float, count: int) -> None:
         if self.strategy == "geo":
@@ -284,22 +333,23 @@ class ServerLink:
             if self.steps >= self.cfg.cluster.k_steps:
                 self.exchange_delta()
             return
-        theta = self._read(self.scope, [n + "@THETA" for n in self.p.params])
-        acc = self._read(self.scope, [n + "@ACC" for n in self.p.params])
+        scope = self.learner.scope
+        theta = read(scope, [n + "@THETA" for n in self.p.params])
+        acc = read(scope, [n + "@ACC" for n in self.p.params])
         scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
-        self.push({name: scale * (t - a / count) for name, t, a in zip(self.p.params, theta, acc)})
+        self.exchange.push({n: scale * (t - a / count) for n, t, a in zip(self.p.params, theta, acc)})
         for name, a in zip(self.p.params, acc):
-            self.scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
+            scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
         if self.strategy == "sync":
             self.role.barrier_worker()
         self.pull()
 
     def exchange_delta(self) -> None:
         """geo: push the change since the last exchange (divided among workers), pull."""
-        theta = self._read(self.scope, [n + "@THETA" for n in self.p.params])
-        last = self._read(self.meta_scope, self.p.params)
+        theta = read(self.learner.scope, [n + "@THETA" for n in self.p.params])
+        last = self.exchange.get()
         workers = self.role.worker_num()
-        self.push({name: (b - t) / workers for name, t, b in zip(self.p.params, theta, last)})
+        self.exchange.push({n: (last[n] - t) / workers for n, t in zip(self.p.params, theta)})
         self.pull()
         self.steps = 0
 
@@ -309,41 +359,23 @@ class ServerLink:
             self.exchange_delta()
         self.role.barrier_worker()
 
-    def push(self, grads: dict) -> None:
-        """Send ``grads`` (theta <- theta - grad on the servers) and wait until sent."""
-        feed = {name + META_GRAD: g.astype(np.float32) for name, g in grads.items()}
-        self.exe.run(self.p.meta, feed=feed, scope=self.meta_scope)
-        self.runtime._worker.client_flush()
-
     def pull(self) -> None:
-        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+        self._take(self.exchange.pull())
 
-        rt = self.runtime
-        dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
-        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
-        self._take_theta()
-
-    def _take_theta(self) -> None:
+    def _take(self, theta: dict) -> None:
         """theta (and the working weights) <- the servers' view."""
-        self._copy(self.meta_scope, self.scope, self.p.params)
-        self.exe.run(self.p.save_theta, scope=self.scope)
+        scope = self.learner.scope
+        for name, value in theta.items():
+            scope.find_var(name).get_tensor().set(value, _cpu())
+        self.learner.run(self.p.save_theta)
 
     def close(self, first: bool) -> None:
-        if self.runtime is None:
-            return
-        if first:
-            self.runtime._worker.stop_server()
-        self.role.fleet.stop_worker()
+        self.exchange.close(first)
 
-    @staticmethod
-    def _read(scope, names):
-        return [np.array(scope.find_var(n).get_tensor()) for n in names]
 
-    @staticmethod
-    def _copy(src, dst, names):
-        place = _cpu()
-        for n in names:
-            dst.var(n).get_tensor().set(np.array(src.find_var(n).get_tensor()), place)
+def read(scope, names) -> list:
+    """Values of ``names`` in ``scope``."""
+    return [np.array(scope.find_var(n).get_tensor()) for n in names]
 
 
 def _cpu():
