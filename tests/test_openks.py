@@ -1,0 +1,158 @@
+"""The OpenKS API: a seed-style script runs unchanged in one process, on a loopback
+parameter-server cluster and collectively on CPU, and learns; every documented name
+exists with the documented signature."""
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kspipe import openks
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "openks_quickstart.py"
+
+
+def accuracies(text):
+    return [float(a) for a in re.findall(r"accuracy (\d\.\d+)", text)]
+
+
+def test_script_runs_in_one_process(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "model")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert accuracies(result.stdout) and accuracies(result.stdout)[0] >= 0.9
+    assert (tmp_path / "model" / "model.pdmodel").is_file()
+
+
+@pytest.mark.parametrize("mode, args", [
+    ("cpu", ["--strategy", "async"]),
+    ("cpu", ["--strategy", "sync"]),
+    ("cpu", ["--strategy", "geo"]),
+    ("gpu", ["--flag", "1", "--strategy", "allreduce"]),
+    ("gpu", ["--flag", "1", "--strategy", "local_sgd"]),
+])
+def test_script_runs_on_a_local_cluster(tmp_path, mode, args):
+    logs = tmp_path / "logs"
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.launch", "--mode", mode, "--worker_num", "2",
+         "--server_num", "1", "--log_dir", str(logs), "--timeout", "240", str(SCRIPT), *args,
+         "--out", str(tmp_path / "model")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = [accuracies((logs / f"worker.{i}.log").read_text()) for i in range(2)]
+    assert all(f and f[0] >= 0.9 for f in found), found
+    # the workers trained one model: they score within a hair of each other
+    assert abs(found[0][0] - found[1][0]) <= 0.01
+    assert (tmp_path / "model" / "model.pdmodel").is_file()
+    if mode == "cpu":
+        assert (logs / "server.0.log").is_file()
+
+
+def test_a_failing_script_fails_the_launch(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import os, sys\nsys.exit(4 if os.environ.get('PADDLE_TRAINER_ID') == '1'"
+                      " and os.environ.get('TRAINING_ROLE') == 'TRAINER' else 0)\n")
+    result = subprocess.run([sys.executable, "-m", "kspipe.launch", "--worker_num", "2",
+                             "--log_dir", str(tmp_path / "logs"), str(script)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3
+    assert "kspipe-launch: error: worker 1 exited with status 4" in result.stderr
+
+
+SIGNATURES = {
+    "RoleMakerBase": ["is_worker", "is_server", "is_first_worker", "worker_num", "worker_index",
+                      "server_index", "get_trainer_endpoints", "to_string", "all_gather",
+                      "all_reduce_worker", "barrier_worker", "barrier_all"],
+    "PaddleCloudRoleMaker": ["generate_role"],
+    "BaseDistributedAlgorithm": ["is_first_worker", "_is_worker", "worker_num", "worker_endpoints",
+                                 "is_server", "split_files", "init", "all_reduce_worker",
+                                 "barrier_workers"],
+    "CPUDistributedAlgorithm": ["init_worker", "init_server", "run_server", "stop_worker",
+                                "distributed_optimizer", "save_inference_model",
+                                "save_persistables"],
+    "GPUDistributedAlgorithm": ["distributed_optimizer", "save_inference_model",
+                                "save_persistables"],
+    "GeneralDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
+    "HeterogeneousDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
+    "Open_KS_read": ["read_dataset", "_read_classes"],
+    "Open_KS_Character": ["sample", "_read_image"],
+    "Open_KS_ImageNet": ["sample", "_read_image"],
+}
+
+PARAMETERS = {
+    ("RoleMakerBase", "all_reduce_worker"): ["input", "output", "mode"],
+    ("PaddleCloudRoleMaker", "__init__"): ["is_collective"],
+    ("BaseDistributedAlgorithm", "worker_endpoints"): ["to_string"],
+    ("BaseDistributedAlgorithm", "init"): ["role_maker"],
+    ("BaseDistributedAlgorithm", "all_reduce_worker"): ["input", "output"],
+    ("CPUDistributedAlgorithm", "init_server"): ["model_dir"],
+    ("CPUDistributedAlgorithm", "distributed_optimizer"): ["optimizer", "strategy"],
+    ("CPUDistributedAlgorithm", "save_inference_model"): [
+        "executor", "dirname", "feeded_var_names", "target_vars", "main_program",
+        "export_for_deployment"],
+    ("CPUDistributedAlgorithm", "save_persistables"): ["executor", "dirname", "main_program"],
+    ("BaseDistributedOptimizer", "__init__"): ["optimizer", "strategy"],
+    ("GeneralDistributedOptimizer", "backward"): [
+        "loss", "startup_program", "parameter_list", "no_grad_set", "callbacks"],
+    ("GeneralDistributedOptimizer", "apply_gradients"): ["params_grads"],
+    ("GeneralDistributedOptimizer", "minimize"): [
+        "loss", "startup_program", "parameter_list", "no_grad_set"],
+    ("Open_KS_Character", "sample"): ["num_images"],
+    ("Open_KS_Character", "_read_image"): ["name"],
+    ("Open_KS_read", "read_dataset"): ["data_dir"],
+    ("Open_KS_read", "_read_classes"): ["dir_path"],
+}
+
+
+def test_every_documented_name_exists_with_its_signature():
+    for cls, methods in SIGNATURES.items():
+        for method in methods:
+            assert callable(getattr(getattr(openks, cls), method)), (cls, method)
+    for (cls, method), params in PARAMETERS.items():
+        names = list(inspect.signature(getattr(getattr(openks, cls), method)).parameters)[1:]
+        assert names[:len(params)] == params, (cls, method, names)
+    assert isinstance(openks.KSDistributedFactory.instantiation(0), openks.CPUDistributedAlgorithm)
+    assert isinstance(openks.KSDistributedFactory.instantiation(1), openks.GPUDistributedAlgorithm)
+    for strategy in (openks.SyncStrategy, openks.AsyncStrategy, openks.HalfAsyncStrategy,
+                     openks.GeoStrategy, openks.CollectiveStrategy):
+        assert strategy().mode
+
+
+def test_one_process_role_and_split_files():
+    algorithm = openks.KSDistributedFactory.instantiation(0)
+    algorithm.init(openks.PaddleCloudRoleMaker())
+    assert algorithm.is_first_worker() and algorithm._is_worker() and not algorithm.is_server()
+    assert algorithm.worker_num() == 1 and algorithm.worker_endpoints(to_string=True) == ""
+    assert algorithm.split_files(["a", "b", "c"]) == ["a", "b", "c"]
+    out = np.zeros(3)
+    algorithm.all_reduce_worker(np.array([1.0, 2.0, 3.0]), out)
+    assert list(out) == [1, 2, 3]
+
+
+def test_split_files_gives_whole_files_in_blocks():
+    class Third(openks.RoleMakerBase):
+        def worker_num(self):
+            return 3
+
+        def worker_index(self):
+            return self.index
+
+    shares = []
+    for index in range(3):
+        role = Third()
+        role.index = index
+        shares.append(role.split_files([f"part-{i}" for i in range(7)]))
+    assert shares == [["part-0", "part-1", "part-2"], ["part-3", "part-4"], ["part-5", "part-6"]]
+
+
+def test_half_async_is_refused_with_a_reason():
+    from kspipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no half-async mode"):
+        openks.GeneralDistributedOptimizer(None, openks.HalfAsyncStrategy())
+    with pytest.raises(ValueError, match="flag must be 0 or 1"):
+        openks.KSDistributedFactory.instantiation(2)
