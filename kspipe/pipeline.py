@@ -79,6 +79,14 @@ def run_stages(cfg, stage, role, reporter) -> dict:
     scope = paddle.static.Scope()
     metrics = stage["execute"](cfg=cfg, role=role, dataset=dataset, programs=programs,
                                executor=executor, scope=scope, reporter=reporter) or {}
+    graph = (cfg.compile.get("build_strategy") or {}).get("debug_graphviz_path")
+    if graph and role.is_first_worker():
+        folder = os.path.dirname(os.path.join(reporter.run_dir, graph))
+        if os.path.isdir(folder):  # Paddle writes Graphviz files without a suffix
+            for name in os.listdir(folder):
+                if not name.endswith(".dot"):
+                    os.replace(os.path.join(folder, name), os.path.join(folder, name + ".dot"))
+            reporter.artifact(folder, "graph")
     if role.is_first_worker():
         model_dir = os.path.join(reporter.run_dir, "inference_model")
         stage["save"](cfg=cfg, role=role, programs=programs, executor=executor, scope=scope,

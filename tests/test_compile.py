@@ -1,6 +1,8 @@
 """The compile stage: oneDNN convolutions give the default kernels' numbers; BuildStrategy
 options are applied by name and unknown ones refused."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -49,3 +51,31 @@ def test_build_strategy_options_compile_the_training_program():
 def test_unknown_build_strategy_option_is_named():
     with pytest.raises(ConfigError, match="compile.build_strategy.use_hierarchical_allreduce2"):
         train_steps(onednn=False, build_strategy={"use_hierarchical_allreduce2": True})
+
+
+def test_graphviz_path_writes_the_program_graph_as_an_artifact(tiny_cfg):
+    from mlflow import MlflowClient
+
+    from kspipe.pipeline import run
+    from kspipe.testing import plugin_manager
+
+    cfg = tiny_cfg("+compile.build_strategy.debug_graphviz_path=graph/program",
+                   "+compile.build_strategy.fuse_elewise_add_act_ops=true")
+    run(cfg, plugin_manager())
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    (record,) = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id])
+    dots = [a.path for a in client.list_artifacts(record.info.run_id, "graph")]
+    assert "graph/program_original_graph.dot" in dots and all(p.endswith(".dot") for p in dots)
+    text = (Path(cfg.run_dir) / "graph" / "program_original_graph.dot").read_text()
+    assert text.startswith("digraph") and "conv2d" in text
+
+
+@pytest.mark.parametrize("option, message", [
+    ("num_iteration_per_drop_scope", "no longer honours it"),
+    ("allow_op_delay", "no longer honours it"),
+    ("warp_speed", "no such option"),
+])
+def test_execution_strategy_options(option, message):
+    with pytest.raises(ConfigError, match=f"compile.execution_strategy.{option}: .*{message}"):
+        local.apply_execution_strategy({option: 1})
+    local.apply_execution_strategy({"num_threads": 2})

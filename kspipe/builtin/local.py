@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.learner import ReptileLearner, train_and_evaluate
@@ -22,10 +24,39 @@ def compile_programs(cfg, programs):
     """Apply ``cfg.compile`` to the Reptile programs (every mode's compile stage calls this)."""
     if cfg.compile.onednn_conv:
         use_onednn(programs.train, programs.forward)
+    apply_execution_strategy(dict(cfg.compile.get("execution_strategy") or {}))
     options = dict(cfg.compile.build_strategy or {})
+    graph = options.get("debug_graphviz_path")
+    if graph and not os.path.isabs(graph) and cfg.get("run_dir"):
+        options["debug_graphviz_path"] = os.path.join(cfg.run_dir, graph)
+    if graph:
+        os.makedirs(os.path.dirname(options["debug_graphviz_path"]) or ".", exist_ok=True)
     if options:
         programs.compiled_train = compile_with(programs.train, options)
     return programs
+
+
+#: ExecutionStrategy options of the Fluid era that Paddle 2.6.2 no longer applies anywhere.
+GONE_EXECUTION_OPTIONS = ("num_iteration_per_drop_scope", "allow_op_delay",
+                          "num_iteration_per_run", "use_thread_barrier",
+                          "use_experimental_executor")
+
+
+def apply_execution_strategy(options: dict) -> None:
+    """The ExecutionStrategy options Paddle 2.6.2 still honours: ``num_threads``."""
+    for name, value in options.items():
+        if name == "num_threads":
+            from paddle.base import core
+
+            core.set_num_threads(int(value))
+        elif name in GONE_EXECUTION_OPTIONS:
+            raise ConfigError(f"compile.execution_strategy.{name}: Paddle 2.6.2 no longer "
+                              f"honours it (ExecutionStrategy went with ParallelExecutor and "
+                              f"CompiledProgram.with_data_parallel; the standalone executor "
+                              f"manages its threads and scopes itself)")
+        else:
+            raise ConfigError(f"compile.execution_strategy.{name}: no such option "
+                              f"(num_threads is the one Paddle 2.6.2 honours)")
 
 
 ONEDNN_OPS = ("conv2d", "conv2d_grad")
