@@ -365,18 +365,21 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
             return
         last = self.exchange.get()
         scale = 1.0 if self.mode == "async" else 1.0 / workers
-        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.params})
+        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.params},
+                           wait=self.mode != "async")
         if self.mode == "sync":
             self._algorithm.barrier_workers()
         self._set(self.exchange.pull())
 
     def _pull(self):
         if self.exchange is not None and self.exchange.runtime is not None:
+            self.exchange.flush()
             self._set(self.exchange.pull())
 
     def _stop(self):
         if self.exchange is None or self.exchange.runtime is None:
             return
+        self.exchange.flush()
         self._algorithm.barrier_workers()
         self.exchange.close(self._algorithm.is_first_worker())
 

@@ -14,10 +14,12 @@ the same tasks as a local run of the same length.
 
 Strategies (``cluster.strategy``), on Paddle 2.6.2:
 
-* ``async``: each worker pushes, waits until its push is sent (``client_flush``), pulls
-  theta and goes on.  the_one_ps starts no communicator in async mode, so without that
-  explicit flush and pull a worker would never see the servers' theta again.
-* ``sync``: as async, plus a barrier of all workers before the pull, with each push
+* ``async``: each worker pushes, pulls theta and goes on; its push leaves in the
+  background, so the pull may miss it (a staleness of one meta-iteration).  the_one_ps
+  starts no communicator in async mode, so without that explicit pull a worker would
+  never see the servers' theta again.  Pushes are flushed before the final evaluation.
+* ``sync``: as async, but each worker waits until its push is sent (``client_flush``,
+  ~100 ms on Paddle 2.6.2), then a barrier of all workers before the pull, with each push
   scaled by 1/workers: every worker starts an iteration from the same theta, moved by the
   mean of all workers' updates.  (Fleet's own sync mode puts a ``send_barrier`` op in the
   program that needs a communicator the_one_ps never creates: it crashes with SIGSEGV.)
@@ -231,10 +233,20 @@ class ParameterExchange:
         self.runtime = self.fleet.fleet._runtime_handle
         return self.get()
 
-    def push(self, grads: dict) -> None:
-        """The servers do ``theta -= grads``; returns once the push is sent."""
+    def push(self, grads: dict, wait: bool = True) -> None:
+        """The servers do ``theta -= grads``.
+
+        With ``wait`` it returns once the push is sent (``client_flush``, which costs about
+        100 ms on Paddle 2.6.2: the client polls its queue every 100 ms); without, the push
+        leaves in the background and a pull right after may not include it yet.
+        """
         feed = {name + META_GRAD: np.asarray(g, np.float32) for name, g in grads.items()}
         self.exe.run(self.program, feed=feed, scope=self.scope)
+        if wait:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait until every push has been sent."""
         self.runtime._worker.client_flush()
 
     def pull(self) -> dict:
@@ -337,7 +349,10 @@ class ServerLink:
         theta = read(scope, [n + "@THETA" for n in self.p.params])
         acc = read(scope, [n + "@ACC" for n in self.p.params])
         scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
-        self.exchange.push({n: scale * (t - a / count) for n, t, a in zip(self.p.params, theta, acc)})
+        # async does not wait for its push: its next pull may miss it (staleness of one
+        # meta-iteration, as in any asynchronous SGD), and it saves ~100 ms per iteration
+        self.exchange.push({n: scale * (t - a / count) for n, t, a in zip(self.p.params, theta, acc)},
+                           wait=self.strategy == "sync")
         for name, a in zip(self.p.params, acc):
             scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
         if self.strategy == "sync":
@@ -354,9 +369,10 @@ class ServerLink:
         self.steps = 0
 
     def finish(self) -> None:
-        """Send what is still local (geo), then wait until every worker has."""
+        """Send what is still local, then wait until every worker has."""
         if self.strategy == "geo" and self.steps:
             self.exchange_delta()
+        self.exchange.flush()
         self.role.barrier_worker()
 
     def pull(self) -> None:
