@@ -365,8 +365,7 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
             return
         last = self.exchange.get()
         scale = 1.0 if self.mode == "async" else 1.0 / workers
-        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.params},
-                           wait=self.mode != "async")
+        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.params})
         if self.mode == "sync":
             self._algorithm.barrier_workers()
         self._set(self.exchange.pull())

@@ -14,10 +14,11 @@ the same tasks as a local run of the same length.
 
 Strategies (``cluster.strategy``), on Paddle 2.6.2:
 
-* ``async``: each worker pushes, pulls theta and goes on; its push leaves in the
-  background, so the pull may miss it (a staleness of one meta-iteration).  the_one_ps
-  starts no communicator in async mode, so without that explicit pull a worker would
-  never see the servers' theta again.  Pushes are flushed before the final evaluation.
+* ``async``: each worker pushes, waits until its push is sent (``client_flush``), pulls
+  theta and goes on.  the_one_ps starts no communicator in async mode, so without that
+  explicit pull a worker would never see the servers' theta again.  The flush costs
+  ~100 ms on Paddle 2.6.2; ``cluster.wait_push=false`` skips it, and the pull may then
+  miss the worker's own last push: faster, but stale meta steps cost accuracy.
 * ``sync``: as async, but each worker waits until its push is sent (``client_flush``,
   ~100 ms on Paddle 2.6.2), then a barrier of all workers before the pull, with each push
   scaled by 1/workers: every worker starts an iteration from the same theta, moved by the
@@ -349,10 +350,10 @@ class ServerLink:
         theta = read(scope, [n + "@THETA" for n in self.p.params])
         acc = read(scope, [n + "@ACC" for n in self.p.params])
         scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
-        # async does not wait for its push: its next pull may miss it (staleness of one
-        # meta-iteration, as in any asynchronous SGD), and it saves ~100 ms per iteration
+        # Without waiting for its push (cluster.wait_push=false) the next pull may miss
+        # it: ~100 ms faster per iteration, but stale meta steps (see docs/distributed.md)
         self.exchange.push({n: scale * (t - a / count) for n, t, a in zip(self.p.params, theta, acc)},
-                           wait=self.strategy == "sync")
+                           wait=self.strategy == "sync" or self.cfg.cluster.wait_push)
         for name, a in zip(self.p.params, acc):
             scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(a), _cpu())
         if self.strategy == "sync":
