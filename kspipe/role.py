@@ -73,3 +73,22 @@ class Role:
         size, extra = divmod(len(files), n)
         start = i * size + min(i, extra)
         return files[start:start + size + (1 if i < extra else 0)]
+
+
+class FleetCollectives:
+    """The workers' collectives through fleet's gloo, for roles that hold ``self.fleet``."""
+
+    def all_gather(self, value) -> list:
+        return list(self.fleet.util.all_gather(value, comm_world="worker"))
+
+    def all_reduce_worker(self, input, output, mode: str = "sum") -> None:
+        if mode not in ("sum", "min", "max"):
+            raise ValueError(f"all_reduce_worker mode must be sum, min or max, not {mode!r}")
+        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
+        np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
+
+    def barrier_worker(self) -> None:
+        self.fleet.util.barrier("worker")
+
+    def barrier_all(self) -> None:
+        self.fleet.util.barrier("worker")  # servers sit in run_server: workers are "all"

@@ -25,7 +25,7 @@ from kspipe.cluster import check_port_free, gloo_env, local_endpoints, run_clust
     threads_per_worker
 from kspipe.errors import ConfigError
 from kspipe.learner import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, ReptileLearner, train_and_evaluate
-from kspipe.role import Role
+from kspipe.role import FleetCollectives, Role
 
 
 @hookimpl
@@ -62,7 +62,7 @@ def gpu_devices(cfg) -> list[int]:
     return ids
 
 
-class CollectiveRole(Role):
+class CollectiveRole(FleetCollectives, Role):
     """One worker of a collective job, read from Paddle's environment variables."""
 
     def __init__(self, devices: list[int]):
@@ -89,21 +89,6 @@ class CollectiveRole(Role):
         if not self.devices:
             return paddle.CPUPlace()
         return paddle.CUDAPlace(self.devices[self.worker_index() % len(self.devices)])
-
-    def all_gather(self, value):
-        return list(self.fleet.util.all_gather(value, comm_world="worker"))
-
-    def all_reduce_worker(self, input, output, mode="sum"):
-        if mode not in ("sum", "min", "max"):
-            raise ValueError(f"all_reduce_worker mode must be sum, min or max, not {mode!r}")
-        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
-        np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
-
-    def barrier_worker(self):
-        self.fleet.util.barrier("worker")
-
-    def barrier_all(self):
-        self.fleet.util.barrier("worker")
 
 
 class CollectiveLauncher(Role):

@@ -46,7 +46,7 @@ from kspipe.cluster import (check_port_free, gloo_env, local_endpoints, run_clus
                             threads_per_worker)
 from kspipe.errors import ConfigError
 from kspipe.learner import ReptileLearner, train_and_evaluate
-from kspipe.role import Role
+from kspipe.role import FleetCollectives, Role
 
 STRATEGIES = ("sync", "async", "geo")
 META_GRAD = "_meta_grad"
@@ -76,7 +76,7 @@ def check_strategy(cfg) -> None:
         raise ConfigError(f"cluster.k_steps={cfg.cluster.k_steps!r} must be at least 1 for geo")
 
 
-class FleetRole(Role):
+class FleetRole(FleetCollectives, Role):
     """This process's role in a fleet job, read from Paddle's environment variables."""
 
     def __init__(self):
@@ -107,21 +107,6 @@ class FleetRole(Role):
 
     def get_pserver_endpoints(self):
         return list(self.fleet.server_endpoints())
-
-    def all_gather(self, value):
-        return list(self.fleet.util.all_gather(value, comm_world="worker"))
-
-    def all_reduce_worker(self, input, output, mode="sum"):
-        if mode not in ("sum", "min", "max"):
-            raise ValueError(f"all_reduce_worker mode must be sum, min or max, not {mode!r}")
-        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
-        np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
-
-    def barrier_worker(self):
-        self.fleet.util.barrier("worker")
-
-    def barrier_all(self):
-        self.fleet.util.barrier("worker")
 
 
 class PserverLauncher(Role):
