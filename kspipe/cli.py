@@ -12,7 +12,7 @@ import sys
 os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
 
 import hydra  # noqa: E402
-from omegaconf import OmegaConf, open_dict  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
 
 from kspipe.errors import KspipeError  # noqa: E402
 

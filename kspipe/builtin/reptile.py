@@ -162,8 +162,6 @@ def _batch_norm_ops(h, prefix: str, channels: int):
 
 def _backup_var(block, startup, name, shape, dtype, value=0.0):
     """A persistable variable ``name`` in ``block`` that ``startup`` fills with ``value``."""
-    import paddle
-
     var = block.create_var(name=name, shape=shape, dtype=dtype, persistable=True)
     sblock = startup.global_block()
     if not sblock.has_var(name):
