@@ -22,9 +22,6 @@ STAGES = {
 #: Set to 1 to skip plugins installed under the ``kspipe`` entry-point group.
 DISABLE_AUTOLOAD_ENV = "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"
 
-#: Modes that are planned but not built yet: asking for them gives a clear error.
-PLANNED_MODES: tuple = ()
-
 
 def builtin_plugins():
     """Return ``(name, module)`` of the plugins that ship inside kspipe."""
@@ -86,7 +83,4 @@ def check_mode(pm: pluggy.PluginManager, mode: str) -> None:
     available = implementers(pm, "role")
     if mode in available:
         return
-    if mode in PLANNED_MODES:
-        raise ConfigError(f"mode={mode} is not available yet in this kspipe (available: "
-                          f"{', '.join(available)})")
     raise ConfigError(f"unknown mode '{mode}' (available: {', '.join(available)})")
