@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -215,7 +215,6 @@ class FewShotDataset:
     test: list
     image_shape: tuple  # (H, W, C)
     root: str = ""
-    info: dict = field(default_factory=dict)
 
     def check_task(self, ways: int, train_images: int, test_images: int) -> None:
         """Fail clearly unless each split gives ``ways`` classes of enough images."""

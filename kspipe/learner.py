@@ -62,6 +62,10 @@ class ReptileLearner:
                 loss = float(np.asarray(out[0]).mean())
         return loss
 
+    def values(self, names) -> list:
+        """The values of variables ``names`` in the scope, as numpy arrays."""
+        return [np.array(self.scope.find_var(n).get_tensor()) for n in names]
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         (logits,) = self.run(self.p.forward, {"x": x}, [self.p.logits])
         return np.asarray(logits)
@@ -261,12 +265,50 @@ def train_and_evaluate(learner: ReptileLearner, run_dir: str, meta_update=None,
     if not evaluate:
         return metrics
 
-    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
-    metrics.update(test_accuracy=acc, test_accuracy_ci95=ci)
-    train_acc, train_ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks,
-                                           EVAL_TRAIN_STREAM, "evaluate (train)")
-    metrics.update(train_accuracy=train_acc, train_accuracy_ci95=train_ci)
+    metrics.update(final_evaluation(learner))
     if log_curve and cfg.eval.interval:
-        metrics.update({"curve/train_accuracy": train_acc, "curve/test_accuracy": acc})
+        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
+                        "curve/test_accuracy": metrics["test_accuracy"]})
     reporter.metrics(metrics, total)
+    return metrics
+
+
+def final_evaluation(learner: ReptileLearner) -> dict:
+    """Test accuracy on ``eval.tasks`` test tasks and train accuracy, with 95% half-widths."""
+    cfg = learner.cfg
+    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
+    out = {"test_accuracy": acc, "test_accuracy_ci95": ci}
+    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
+                               "evaluate (train)")
+    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
+    return out
+
+
+def train_on_workers(learner: ReptileLearner, meta_update, after_init=None,
+                     after_training=None, before_evaluation=None) -> dict:
+    """A worker's part of a distributed job.
+
+    Worker w of W runs the global meta-iterations w, w+W, ... (each the same count, so
+    collective steps line up); the first worker measures the baseline and the learning
+    curve, and after ``after_training`` (on every worker) and ``before_evaluation`` (on
+    it alone) runs the final evaluation and reports every worker's tasks/s.
+    """
+    cfg, role, reporter = learner.cfg, learner.role, learner.reporter
+    workers, first = role.worker_num(), role.is_first_worker()
+    per_worker = -(-cfg.train.meta_iters // workers)
+    metrics = train_and_evaluate(learner, reporter.run_dir, meta_update=meta_update,
+                                 after_init=after_init,
+                                 iterations=range(role.worker_index(), per_worker * workers, workers),
+                                 evaluate=False, baseline=first, log_curve=first)
+    if after_training is not None:
+        after_training()
+    rates = role.all_gather(float(metrics.get("tasks_per_s", 0.0)))
+    if first:
+        if before_evaluation is not None:
+            before_evaluation()
+        metrics.update(final_evaluation(learner))
+        metrics["tasks_per_s"] = float(sum(rates))
+        metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
+        reporter.metrics(metrics, cfg.train.meta_iters)
+    role.barrier_worker()
     return metrics

@@ -24,7 +24,7 @@ from kspipe.builtin.local import compile_programs
 from kspipe.cluster import check_port_free, gloo_env, local_endpoints, run_cluster, this_host, \
     threads_per_worker
 from kspipe.errors import ConfigError
-from kspipe.learner import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, ReptileLearner, train_and_evaluate
+from kspipe.learner import ReptileLearner, train_on_workers
 from kspipe.role import FleetCollectives, Role
 
 
@@ -139,14 +139,12 @@ def kspipe_compile_program(cfg, role, programs):
 @hookimpl
 def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
-    workers, index = role.worker_num(), role.worker_index()
-    first = role.is_first_worker()
-    per_worker = -(-cfg.train.meta_iters // workers)
+    workers = role.worker_num()
 
     def all_reduce_update(eps: float, count: int) -> None:
         names = programs.params
-        theta = [np.array(scope.find_var(n + "@THETA").get_tensor()) for n in names]
-        acc = [np.array(scope.find_var(n + "@ACC").get_tensor()) for n in names]
+        theta = learner.values([n + "@THETA" for n in names])
+        acc = learner.values([n + "@ACC" for n in names])
         local = np.concatenate([(t - a / count).ravel() for t, a in zip(theta, acc)])
         total = np.empty_like(local)
         role.all_reduce_worker(local, total, "sum")
@@ -158,18 +156,4 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
                 scope.find_var(var).get_tensor().set(new.astype(np.float32), executor.place)
             scope.find_var(name + "@ACC").get_tensor().set(np.zeros_like(t), executor.place)
 
-    metrics = train_and_evaluate(learner, reporter.run_dir, meta_update=all_reduce_update,
-                                 iterations=range(index, per_worker * workers, workers),
-                                 evaluate=False, baseline=first, log_curve=first)
-    rates = role.all_gather(float(metrics.get("tasks_per_s", 0.0)))
-    if first:
-        acc, ci = learner.evaluate(dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
-        metrics.update(test_accuracy=acc, test_accuracy_ci95=ci)
-        acc, ci = learner.evaluate(dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
-                                   "evaluate (train)")
-        metrics.update(train_accuracy=acc, train_accuracy_ci95=ci)
-        metrics["tasks_per_s"] = float(sum(rates))
-        metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
-        reporter.metrics(metrics, cfg.train.meta_iters)
-    role.barrier_worker()
-    return metrics
+    return train_on_workers(learner, all_reduce_update)

@@ -45,7 +45,7 @@ from kspipe.builtin.local import compile_programs
 from kspipe.cluster import (check_port_free, gloo_env, local_endpoints, run_cluster, this_host,
                             threads_per_worker)
 from kspipe.errors import ConfigError
-from kspipe.learner import ReptileLearner, train_and_evaluate
+from kspipe.learner import ReptileLearner, train_on_workers
 from kspipe.role import FleetCollectives, Role
 
 STRATEGIES = ("sync", "async", "geo")
@@ -275,38 +275,11 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
         return {}
     learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
     link = ServerLink(learner)
-    workers, index = role.worker_num(), role.worker_index()
-    per_worker = -(-cfg.train.meta_iters // workers)
-    iterations = range(index, per_worker * workers, workers)
-    first = role.is_first_worker()
     try:
-        metrics = train_and_evaluate(learner, reporter.run_dir, meta_update=link.meta_update,
-                                     after_init=link.connect, iterations=iterations,
-                                     evaluate=False, baseline=first, log_curve=first)
-        link.finish()
-        rates = role.all_gather(float(metrics.get("tasks_per_s", 0.0)))
-        if first:
-            link.pull()
-            metrics.update(evaluate_first_worker(learner, reporter))
-            metrics["tasks_per_s"] = float(sum(rates))
-            metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
-            reporter.metrics(metrics, cfg.train.meta_iters)
-        role.barrier_worker()
+        return train_on_workers(learner, link.meta_update, after_init=link.connect,
+                                after_training=link.finish, before_evaluation=link.pull)
     finally:
-        link.close(first)
-    return metrics
-
-
-def evaluate_first_worker(learner, reporter) -> dict:
-    from kspipe.learner import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM
-
-    cfg = learner.cfg
-    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
-    out = dict(test_accuracy=acc, test_accuracy_ci95=ci)
-    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
-                               "evaluate (train)")
-    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
-    return out
+        link.close(role.is_first_worker())
 
 
 class ServerLink:
@@ -321,7 +294,7 @@ class ServerLink:
 
     def connect(self) -> None:
         """Meet the servers: worker 0's theta becomes theirs, every worker takes it."""
-        values = dict(zip(self.p.params, read(self.learner.scope, self.p.params)))
+        values = dict(zip(self.p.params, self.learner.values(self.p.params)))
         self._take(self.exchange.connect(values))
 
     def meta_update(self, eps: float, count: int) -> None:
@@ -332,8 +305,8 @@ class ServerLink:
                 self.exchange_delta()
             return
         scope = self.learner.scope
-        theta = read(scope, [n + "@THETA" for n in self.p.params])
-        acc = read(scope, [n + "@ACC" for n in self.p.params])
+        theta = self.learner.values([n + "@THETA" for n in self.p.params])
+        acc = self.learner.values([n + "@ACC" for n in self.p.params])
         scale = eps / (self.role.worker_num() if self.strategy == "sync" else 1)
         # Without waiting for its push (cluster.wait_push=false) the next pull may miss
         # it: ~100 ms faster per iteration, but stale meta steps (see docs/distributed.md)
@@ -347,7 +320,7 @@ class ServerLink:
 
     def exchange_delta(self) -> None:
         """geo: push the change since the last exchange (divided among workers), pull."""
-        theta = read(self.learner.scope, [n + "@THETA" for n in self.p.params])
+        theta = self.learner.values([n + "@THETA" for n in self.p.params])
         last = self.exchange.get()
         workers = self.role.worker_num()
         self.exchange.push({n: (last[n] - t) / workers for n, t in zip(self.p.params, theta)})
@@ -373,11 +346,6 @@ class ServerLink:
 
     def close(self, first: bool) -> None:
         self.exchange.close(first)
-
-
-def read(scope, names) -> list:
-    """Values of ``names`` in ``scope``."""
-    return [np.array(scope.find_var(n).get_tensor()) for n in names]
 
 
 def _cpu():
