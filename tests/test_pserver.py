@@ -32,7 +32,8 @@ def learning_cfg(tmp_path, data, *overrides):
         "mode=pserver", "workers=2", "servers=1", "cluster.timeout_s=300", *overrides])
 
 
-@pytest.mark.parametrize("strategy, margin", [("async", 0.08), ("sync", 0.03), ("geo", 0.03)])
+# async interleaves the two workers by timing, so its result varies from run to run
+@pytest.mark.parametrize("strategy, margin", [("async", 0.05), ("sync", 0.03), ("geo", 0.03)])
 def test_strategy_trains_reptile_on_a_cluster(tmp_path, data60, strategy, margin):
     cfg = learning_cfg(tmp_path, data60, f"cluster.strategy={strategy}")
     metrics = run(cfg, plugin_manager())
