@@ -113,11 +113,12 @@ def hydra_main(cfg) -> None:
 
 def print_summary(cfg, metrics: dict) -> None:
     shown = []
-    for name in ("test_accuracy", "baseline_test_accuracy", "train_accuracy"):
+    for name in ("test_accuracy", "baseline_test_accuracy", "train_accuracy", "test_auc",
+                 "train_auc"):
         if name in metrics:
             ci = metrics.get(name + "_ci95")
             shown.append(f"{name} {metrics[name]:.3f}" + (f" ± {ci:.3f}" if ci is not None else ""))
-    for name in ("tasks_per_s",):
+    for name in ("tasks_per_s", "samples_per_s"):
         if name in metrics:
             shown.append(f"{name} {metrics[name]:.1f}")
     print("kspipe: done: " + ", ".join(shown) + f" (run folder {cfg.run_dir})", flush=True)

@@ -25,8 +25,8 @@ DISABLE_AUTOLOAD_ENV = "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"
 
 def builtin_plugins():
     """Return ``(name, module)`` of the plugins that ship inside kspipe."""
-    from kspipe.builtin import (collective, inference, local, open_ks, progress, pserver, reptile,
-                                tracking)
+    from kspipe.builtin import (collective, ctr, datafeed, inference, local, open_ks, progress,
+                                pserver, reptile, tracking)
 
     return [
         ("local", local),
@@ -34,6 +34,8 @@ def builtin_plugins():
         ("collective", collective),
         ("open_ks", open_ks),
         ("reptile", reptile),
+        ("datafeed", datafeed),
+        ("ctr", ctr),
         ("inference", inference),
         ("progress", progress),
         ("mlflow", tracking.MlflowTracker()),

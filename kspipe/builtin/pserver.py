@@ -237,11 +237,7 @@ class ParameterExchange:
 
     def pull(self) -> dict:
         """The servers' theta."""
-        from paddle.distributed.ps.utils.public import get_the_one_recv_context
-
-        rt = self.runtime
-        dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
-        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
+        pull_all_dense(self.fleet)
         return self.get()
 
     def get(self) -> dict:
@@ -260,6 +256,15 @@ class ParameterExchange:
             self.runtime._worker.stop_server()
         self.fleet.stop_worker()
         self.runtime = None
+
+
+def pull_all_dense(fleet) -> None:
+    """Copy every dense table from the servers into the worker's scopes (fleet.init_worker's)."""
+    from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+    rt = fleet.fleet._runtime_handle
+    dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
+    rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
 
 
 # --- execute ------------------------------------------------------------------------
