@@ -1,6 +1,7 @@
 """The ``kspipe`` command: Hydra composes the config, :func:`kspipe.pipeline.run` runs it.
 
-``kspipe [overrides...]`` runs a job (``-m`` sweeps); ``kspipe plugins`` lists plugins.
+``kspipe [overrides...]`` runs a job (``-m`` sweeps); ``kspipe plugins`` lists plugins;
+``kspipe datafeed ...`` writes and checks MultiSlot files.
 Mistakes the user can fix print one line, ``kspipe: error: ...``, and exit non-zero.
 """
 
@@ -29,6 +30,10 @@ def main() -> None:
         from kspipe.plugins_cmd import list_plugins
 
         sys.exit(list_plugins(args[1:]))
+    if args and args[0] == "datafeed":
+        from kspipe.datafeed_cmd import main as datafeed_main
+
+        sys.exit(datafeed_main(args[1:]))
     try:
         _pm = get_plugin_manager()
         extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]

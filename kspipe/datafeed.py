@@ -353,9 +353,14 @@ def convert(input_path: str, desc: DataFeedDesc, output_dir: str, lines_per_file
                 out, count = open(written[-1], "w"), 0
             out.write(format_line(values, slots) + "\n")
             count += 1
-    finally:
+    except BaseException:
         if out:
             out.close()
+        for path in written:  # no half-converted data set is left to train on
+            os.remove(path)
+        raise
+    if out:
+        out.close()
     if not written:
         raise DataError(f"{input_path} has no records")
     return written
