@@ -167,7 +167,9 @@ def _signal_group(popen, sig) -> None:
 
 
 # What of the first worker's output the console shows: kspipe's own lines, not Paddle's.
-_ECHOED = re.compile(r"^(kspipe: |[\w ()-]+ \d+/\d+ \| )")
+#: What the first worker's output shows on the launcher's terminal: its messages and
+#: progress lines, but not its error line, which the launcher's own error repeats.
+_ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
 
 
 def _copy_output(stream, log, echo: bool) -> None:

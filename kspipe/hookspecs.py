@@ -138,6 +138,19 @@ def kspipe_save_inference_model(
 
 
 @hookspec
+def kspipe_check_config(cfg: Any) -> None:
+    """Check the composed config before anything starts (before the role stage).
+
+    Called on every plugin; each checks what it serves (for a stage plugin: when
+    ``cfg.stages`` names it) and raises :class:`kspipe.errors.ConfigError` with one
+    clear line.  A cluster's launcher calls it too, so a mistake stops the job before
+    any process is started.
+
+    :param cfg: the composed config.
+    """
+
+
+@hookspec
 def kspipe_run_start(cfg: Any, role: Any, run_dir: str) -> None:
     """A run starts, after the config was validated and the role assigned.
 

@@ -47,6 +47,7 @@ def run(cfg, pm=None) -> dict:
     kconfig.validate(cfg)
     pm = pm or get_plugin_manager()
     check_mode(pm, cfg.mode)
+    pm.hook.kspipe_check_config(cfg=cfg)
     stage = {name: stage_caller(pm, name, cfg.stages[name]) for name in STAGES}
 
     role = stage["role"](cfg=cfg)

@@ -89,6 +89,10 @@ class HookRecorder:
         return out
 
     @hookimpl
+    def kspipe_check_config(self, cfg):
+        self.calls.append(("kspipe_check_config", {}))
+
+    @hookimpl
     def kspipe_run_start(self, cfg, role, run_dir):
         self.calls.append(("kspipe_run_start", {"role": role, "run_dir": run_dir}))
 

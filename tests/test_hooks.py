@@ -20,7 +20,7 @@ HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
 
 
 def test_every_hook_is_prefixed_and_documented():
-    assert len(HOOKS) == 13
+    assert len(HOOKS) == 14
     for name in HOOKS:
         doc = inspect.getdoc(getattr(hookspecs, name))
         assert doc and len(doc) > 40, name
@@ -125,7 +125,7 @@ def test_a_misspelt_hook_is_rejected():
 
 def test_unknown_plugin_for_a_stage_lists_the_available_ones():
     pm = get_plugin_manager(load_entrypoints=False)
-    with pytest.raises(ConfigError, match=r"stages.dataset='imagenet22k'.*available: open_ks"):
+    with pytest.raises(ConfigError, match=r"stages.dataset='imagenet22k'.*available: datafeed, open_ks"):
         stage_caller(pm, "dataset", "imagenet22k")
     with pytest.raises(ConfigError, match=r"unknown mode 'ring' \(available: collective, local, pserver\)"):
         check_mode(pm, "ring")

@@ -18,8 +18,9 @@ pulls the tables and exports a self-contained inference model, the same as a loc
 
 from __future__ import annotations
 
-import contextlib
-import io
+import os
+import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,8 @@ from kspipe import hookimpl
 from kspipe.datafeed import python_batches
 from kspipe.errors import ConfigError
 
-LAST_LOSS = "ctr@last_loss"
-WATCH = "ctr@watch@"  # prefix of the persistable copies of watched variables
+FETCH_LINE = re.compile(r"^time: \[[^\]]*\], batch: \[(\d+)\], (.*)$")
+FETCH_ITEM = re.compile(r"([^\s,\[\]]+)\[\d+\]:\[([^\]]*)\]")
 MODES = ("local", "pserver")
 
 
@@ -52,7 +53,7 @@ class CtrPrograms:
     distributed: bool
     learning_rate: float
     test: object = None  # set by the compile stage: prediction only, over the trained variables
-    watch: dict = field(default_factory=dict)  # watched name -> its persistable copy
+    fetch: dict = field(default_factory=dict)  # name shown -> variable printed while training
     export_scope: object = None  # pserver: the pulled tables and dense parameters
 
 
@@ -60,8 +61,13 @@ class CtrPrograms:
 
 
 @hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.program == "ctr":
+        check(cfg)
+
+
+@hookimpl
 def kspipe_build_program(cfg, dataset):
-    check(cfg)
     import paddle
 
     m = cfg.ctr
@@ -101,6 +107,9 @@ def check(cfg) -> None:
     period = cfg.datafeed.print_period_s
     if isinstance(period, bool) or not isinstance(period, (int, float)) or period <= 0:
         raise ConfigError(f"datafeed.print_period_s={period!r} must be a positive number")
+    batches = cfg.datafeed.print_period
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ConfigError(f"datafeed.print_period={batches!r} must be a positive number of batches")
 
 
 def network(dataset, m, distributed: bool, with_label: bool) -> dict:
@@ -152,9 +161,6 @@ def network(dataset, m, distributed: bool, with_label: bool) -> dict:
         loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(
             logit, paddle.cast(label_var, "float32")))
         _, _, stats = paddle.static.auc(paddle.concat([1.0 - pred, pred], axis=1), label_var)
-        last = paddle.static.create_global_var([1], 0.0, "float32", persistable=True,
-                                               name=LAST_LOSS)
-        paddle.assign(paddle.reshape(loss, [1]), output=last)
         net.update(loss=loss, stat_pos=stats[2].name, stat_neg=stats[3].name)
     return net
 
@@ -180,28 +186,24 @@ def kspipe_compile_program(cfg, role, programs):
         else:
             optimizer.minimize(programs.loss)
     programs.test = programs.main.clone(for_test=True)._prune([programs.pred])
-    programs.watch = watch(programs.main, list(cfg.datafeed.fetch or []))
+    programs.fetch = fetch_vars(programs, list(cfg.datafeed.fetch or []))
     return programs
 
 
-def watch(program, names: list[str]) -> dict:
-    """Persistable copies of ``names``, readable while ``train_from_dataset`` runs."""
-    import paddle
-
-    block = program.global_block()
-    copies = {}
-    with paddle.static.program_guard(program):
-        for name in names:
-            if not block.has_var(name):
-                known = sorted(v.name for v in block.vars.values() if not v.name.endswith("@GRAD"))
-                raise ConfigError(f"datafeed.fetch: the program has no variable {name!r} "
-                                  f"(some it has: {', '.join(known[:12])})")
-            var = block.var(name)
-            copy = paddle.static.create_global_var(list(var.shape) or [1], 0.0, var.dtype,
-                                                   persistable=True, name=WATCH + name)
-            block.append_op(type="assign", inputs={"X": [var]}, outputs={"Out": [copy]})
-            copies[name] = copy.name
-    return copies
+def fetch_vars(programs, names: list[str]) -> dict:
+    """The variables of ``datafeed.fetch`` (``loss`` names the model's loss)."""
+    block = programs.main.global_block()
+    found = {}
+    for name in names:
+        if name == "loss":
+            found[name] = programs.loss
+        elif block.has_var(name):
+            found[name] = block.var(name)
+        else:
+            known = sorted(v.name for v in block.vars.values() if not v.name.endswith("@GRAD"))
+            raise ConfigError(f"datafeed.fetch: the program has no variable {name!r} "
+                              f"(loss, or one of: {', '.join(known[:12])}, ...)")
+    return found
 
 
 # --- execute ------------------------------------------------------------------------
@@ -231,6 +233,7 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             metrics.update(evaluate(dataset, programs, executor, scope, reporter))
             if programs.distributed:
                 programs.export_scope = pull_tables(cfg, programs, executor, scope)
+            reporter.metrics(metrics, step=metrics["train_instances"])
         if programs.distributed:
             role.barrier_worker()
     finally:
@@ -246,26 +249,32 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     epochs = cfg.ctr.epochs
     per_epoch = dataset.train_counts.total
     monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s)
+    printer = FetchPrinter(reporter, cfg.datafeed.print_period)
+    names = list(programs.fetch)
     reporter.say(f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
                  f"{dataset.threads} reader thread(s), {epochs} epoch(s)")
     started = time.perf_counter()
     for epoch in range(epochs):
         files = make_dataset(dataset)
-        with monitor, contextlib.redirect_stdout(io.StringIO()):  # Paddle prints program ids
-            executor.train_from_dataset(program=programs.main, dataset=files, scope=scope,
-                                        thread=dataset.threads, debug=False)
+        with monitor, printer:
+            executor.train_from_dataset(
+                program=programs.main, dataset=files, scope=scope, thread=dataset.threads,
+                debug=False, fetch_list=list(programs.fetch.values()) or None,
+                fetch_info=names or None, print_period=cfg.datafeed.print_period)
         if dataset.kind == "in_memory":
             files.release_memory()
-        monitor.report(epoch_done=epoch + 1)
+        monitor.report(printer.latest, epoch_done=epoch + 1)
     seconds = time.perf_counter() - started
-    values = monitor.values()
+    auc = monitor.auc()
     samples = per_epoch * epochs
     rate = np.array([samples / seconds], np.float64)
     total_rate = np.zeros_like(rate)
     role.all_reduce_worker(rate, total_rate, "sum")
-    return {"train_auc": values["auc"], "train_loss_last": values["loss"],
-            "samples_per_s": float(total_rate[0]), "worker_samples_per_s": float(rate[0]),
-            "train_instances": samples, "train_seconds": seconds}
+    metrics = {"train_auc": auc, "samples_per_s": float(total_rate[0]),
+               "worker_samples_per_s": float(rate[0]), "train_instances": samples,
+               "train_seconds": seconds}
+    metrics.update({f"fetch_{name}": value for name, value in printer.latest.items()})
+    return metrics
 
 
 def make_dataset(dataset):
@@ -293,14 +302,15 @@ def make_dataset(dataset):
 
 
 class Monitor:
-    """Reads the training's figures from the scope every ``period`` seconds while
-    ``train_from_dataset`` runs: instances seen and AUC (from the AUC op's histograms),
-    the last batch's loss and the watched variables, into the progress line and MLflow.
+    """Every ``period`` seconds while ``train_from_dataset`` runs, reads the instances seen
+    and the running AUC from the AUC op's histograms (persistable, in the scope) and shows
+    them, with the latest fetched values, in the progress line.
     """
 
     def __init__(self, programs, scope, reporter, total: int, period: float):
         self.p, self.scope, self.reporter = programs, scope, reporter
         self.total, self.period = total, period
+        self.latest = {}
         self._stop = threading.Event()
         self._thread = None
 
@@ -316,31 +326,83 @@ class Monitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.report()
+            self.report(self.latest)
 
-    def values(self) -> dict:
-        pos, neg = self._read(self.p.stat_pos), self._read(self.p.stat_neg)
-        values = {"seen": int(pos.sum() + neg.sum()), "auc": auc_from_histograms(pos, neg),
-                  "loss": float(self._read(LAST_LOSS).mean())}
-        for name, copy in self.p.watch.items():
-            values[name] = float(self._read(copy).mean())
-        return values
+    def seen(self) -> int:
+        return int(self._read(self.p.stat_pos).sum() + self._read(self.p.stat_neg).sum())
 
-    def report(self, epoch_done: int | None = None) -> None:
-        v = self.values()
-        seen = min(v.pop("seen"), self.total)
-        shown = {"loss": v["loss"], "auc": v["auc"]}
-        shown.update({k: x for k, x in v.items() if k not in ("loss", "auc")})
+    def auc(self) -> float:
+        return auc_from_histograms(self._read(self.p.stat_pos), self._read(self.p.stat_neg))
+
+    def report(self, fetched: dict, epoch_done: int | None = None) -> None:
+        self.latest = fetched
+        seen, auc = min(self.seen(), self.total), self.auc()
+        shown = {"auc": auc, **fetched}
         if epoch_done:
             shown["epoch"] = epoch_done
         self.reporter.progress("train", seen, self.total, shown)
-        metrics = {"train_auc": v["auc"], "train_loss": v["loss"]}
-        metrics.update({f"fetch_{k}": x for k, x in v.items() if k not in ("loss", "auc")})
-        self.reporter.metrics(metrics, step=seen)
+        self.reporter.metrics({"train_auc": auc}, step=seen)
 
     def _read(self, name: str) -> np.ndarray:
         var = self.scope.find_var(name)
         return np.array(var.get_tensor(), dtype=np.float64) if var is not None else np.zeros(1)
+
+
+class FetchPrinter:
+    """The seed's fetch printing, into the progress line and MLflow.
+
+    ``train_from_dataset`` prints the fetched variables from C++ every ``print_period``
+    batches of its first thread (``time: [...], batch: [N], loss[1]:[0.41]``) on standard
+    output.  While it runs, standard output (file descriptor 1) goes into a pipe; each
+    such line becomes metrics ``fetch_<name>`` (the mean of the printed values) and the
+    rest (Paddle's own chatter) is dropped.
+    """
+
+    def __init__(self, reporter, print_period: int):
+        self.reporter, self.print_period = reporter, print_period
+        self.latest = {}
+        self.lines = 0
+
+    def __enter__(self):
+        sys.stdout.flush()
+        self._saved = os.dup(1)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        os.close(write_end)
+        self._thread = threading.Thread(target=self._read, args=(read_end,), daemon=True,
+                                        name="kspipe-fetch")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        os.dup2(self._saved, 1)  # the pipe's last write end closes: the reader sees its end
+        os.close(self._saved)
+        self._thread.join()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "r", errors="replace") as pipe:
+            for line in pipe:
+                values = parse_fetch_line(line)
+                if values:
+                    self.lines += 1
+                    self.latest = values
+                    self.reporter.metrics({f"fetch_{k}": v for k, v in values.items()},
+                                          step=self.lines * self.print_period)
+
+
+def parse_fetch_line(line: str) -> dict:
+    """``{name: mean value}`` of one line of Paddle's fetch printing; ``{}`` for other lines."""
+    match = FETCH_LINE.match(line.strip())
+    if not match:
+        return {}
+    values = {}
+    for name, numbers in FETCH_ITEM.findall(match.group(2)):
+        try:
+            values[name] = float(np.mean([float(x) for x in numbers.replace(",", " ").split()]))
+        except ValueError:
+            continue
+    return values
 
 
 def auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float:

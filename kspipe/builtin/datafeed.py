@@ -39,13 +39,23 @@ class FileDataset:
 
 
 @hookimpl
-def kspipe_read_dataset(cfg, role):
+def kspipe_check_config(cfg):
+    if cfg.stages.dataset != "datafeed":
+        return
     d = cfg.datafeed
     if d.dataset not in DATASETS:
         raise ConfigError(f"datafeed.dataset={d.dataset!r} must be one of {', '.join(DATASETS)}")
     if (d.desc is None) != (d.train_files is None):
         raise ConfigError("datafeed.desc and datafeed.train_files go together: set both (and "
                           "datafeed.test_files), or neither for the generated data set")
+    threads = d.threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"datafeed.threads={threads!r} must be a positive integer")
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    d = cfg.datafeed
     generated = ctr_data.cached(cfg) if d.desc is None else None
     desc = DataFeedDesc(d.desc or os.path.join(generated, ctr_data.DESC_NAME))
     if d.batch_size is not None:
@@ -133,10 +143,8 @@ def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
     return widths
 
 
-def reader_threads(threads, files: int) -> int:
+def reader_threads(threads: int, files: int) -> int:
     """Reader threads: each reads whole files, so at most this worker's file count."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"datafeed.threads={threads!r} must be a positive integer")
     if threads > files:
         from kspipe.pipeline import Reporter
 

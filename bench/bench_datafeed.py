@@ -1,0 +1,136 @@
+"""Samples/s of the ctr model fed by Paddle's C++ reader threads vs. fed from Python.
+
+    python bench/bench_datafeed.py [--files 8 --lines-per-file 25000 --repeats 3]
+
+Writes the generated click-through set (MultiSlot files) to a temporary folder, builds
+the ``ctr_datafeed`` experiment's model through kspipe's own stages, and trains one epoch
+over the same files three ways, each from freshly initialised weights:
+
+* ``train_from_dataset`` (QueueDataset) with 1 reader thread, and with 2;
+* the Python-fed loop: each line parsed in Python (``kspipe.datafeed.python_batches``,
+  LoDTensors for the sparse slots) and one ``Executor.run`` per batch.
+
+Prints samples/s (best of ``--repeats``, each run in a fresh process) and the ratio to
+the Python-fed loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+def build(folder: str, batch_size: int):
+    import paddle
+
+    from kspipe.builtin import ctr, datafeed
+    from kspipe.role import Role
+    from kspipe.testing import compose_config
+
+    paddle.enable_static()
+    cfg = compose_config(["+experiment=ctr_datafeed", f"datafeed.desc={folder}/ctr.prototxt",
+                          f"datafeed.train_files={folder}/train",
+                          f"datafeed.test_files={folder}/test",
+                          f"datafeed.batch_size={batch_size}", "datafeed.fetch=[]",
+                          "datafeed.validate=false", "tracking.enabled=false"])
+    role = Role()
+    dataset = datafeed.kspipe_read_dataset(cfg=cfg, role=role)
+    programs = ctr.kspipe_build_program(cfg=cfg, dataset=dataset)
+    programs = ctr.kspipe_compile_program(cfg=cfg, role=role, programs=programs)
+    return dataset, programs
+
+
+def fresh(programs):
+    import paddle
+
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(programs.startup, scope=scope)
+    return exe, scope
+
+
+def dataset_rate(dataset, programs, threads: int) -> float:
+    import contextlib
+    import io
+
+    from kspipe.builtin.ctr import make_dataset
+
+    dataset.threads = threads
+    exe, scope = fresh(programs)
+    files = make_dataset(dataset)
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        exe.train_from_dataset(program=programs.main, dataset=files, scope=scope, thread=threads)
+    return dataset.train_counts.total / (time.perf_counter() - start)
+
+
+def python_rate(dataset, programs) -> float:
+    from kspipe.datafeed import python_batches
+
+    exe, scope = fresh(programs)
+    start = time.perf_counter()
+    seen = 0
+    for feed in python_batches(dataset.train_files, dataset.desc, dataset.batch_size,
+                               dict(dataset.dense_width)):
+        exe.run(programs.main, feed=feed, fetch_list=[programs.loss], scope=scope)
+        seen += len(feed["dense"])
+    return seen / (time.perf_counter() - start)
+
+
+def measure(folder: str, batch_size: int, feeding: str) -> float:
+    """One run's samples/s: ``python``, or ``threads=N`` for train_from_dataset."""
+    from kspipe.datafeed import scan_files
+
+    dataset, programs = build(folder, batch_size)
+    dataset.train_counts = scan_files(dataset.train_files, dataset.desc, check=False)
+    if feeding == "python":
+        return python_rate(dataset, programs)
+    return dataset_rate(dataset, programs, int(feeding.split("=")[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--lines-per-file", type=int, default=25000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--measure", nargs=2, metavar=("FOLDER", "FEEDING"),
+                        help=argparse.SUPPRESS)  # one measurement, in a process of its own
+    args = parser.parse_args()
+    if args.measure:
+        print(measure(args.measure[0], args.batch_size, args.measure[1]))
+        return
+
+    from kspipe import ctr_data
+
+    def rate(folder: str, feeding: str) -> float:
+        # A process per run: Paddle 2.6.2 keeps trainer state per process, and a second
+        # train_from_dataset with another thread count aborts (multi_trainer.cc:138)
+        out = subprocess.run([sys.executable, __file__, "--batch-size", str(args.batch_size),
+                              "--measure", folder, feeding], capture_output=True, text=True,
+                             check=True).stdout
+        return float(out.strip().splitlines()[-1])
+
+    with tempfile.TemporaryDirectory() as folder:
+        ctr_data.generate(folder, args.files, 1, args.lines_per_file, seed=0)
+        print(f"{platform.machine()}, {os.cpu_count()} cores; {args.files * args.lines_per_file} "
+              f"instances in {args.files} files, batch {args.batch_size}")
+        python = max(rate(folder, "python") for _ in range(args.repeats))
+        rows = [("python-fed (parse + Executor.run)", python)]
+        for threads in (1, 2):
+            best = max(rate(folder, f"threads={threads}") for _ in range(args.repeats))
+            rows.append((f"train_from_dataset, {threads} thread(s)", best))
+        print(f"{'feeding':<38} {'samples/s':>10} {'vs python':>10}")
+        for name, value in rows:
+            print(f"{name:<38} {value:>10.0f} {value / python:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""``kspipe +experiment=ctr_datafeed``: a click-through model trained from real MultiSlot
+files by Paddle's reader threads, in one process and on a real loopback parameter-server
+cluster, recorded in MLflow; and its bad inputs, each one clear line."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from kspipe.builtin.ctr import auc_from_histograms, roc_auc
+from kspipe.datafeed import DataFeedDesc, python_batches
+
+from test_cli import assert_one_line_error, finished_runs, kspipe
+
+SMALL = ["datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
+         "datafeed.generated.lines_per_file=2500", "ctr.epochs=3", "datafeed.print_period_s=0.2"]
+
+
+def ctr_args(tmp_path, *overrides):
+    return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
+            f"datafeed.generated.cache_dir={tmp_path / 'cache'}", *SMALL, *overrides]
+
+
+def run_record(db):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "kspipe"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def exported_auc(model_dir, data_dir):
+    """Test AUC of the exported inference model, loaded on its own."""
+    import paddle
+
+    paddle.enable_static()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    program, feeds, fetch = paddle.static.load_inference_model(f"{model_dir}/model", exe)
+    desc = DataFeedDesc(f"{data_dir}/ctr.prototxt")
+    labels, scores = [], []
+    for feed in python_batches(sorted(glob.glob(f"{data_dir}/test/*")), desc, 500, {}):
+        labels.append(np.array(feed["label"]).ravel())
+        (pred,) = exe.run(program, feed={k: feed[k] for k in feeds}, fetch_list=fetch)
+        scores.append(pred.ravel())
+    return roc_auc(np.concatenate(labels), np.concatenate(scores))
+
+
+@pytest.mark.parametrize("overrides", [[], ["datafeed.dataset=in_memory", "datafeed.threads=1"]])
+def test_ctr_trains_from_files_in_one_process(tmp_path, overrides):
+    result = kspipe(*ctr_args(tmp_path, "datafeed.fetch=[loss,tower_out.b]", "datafeed.print_period=20",
+                              *overrides), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["test_auc"] >= 0.65, metrics
+    assert metrics["test_instances"] == 2500 and metrics["train_instances"] == 3 * 10000
+    assert metrics["samples_per_s"] > 0
+    assert "test_auc" in result.stdout  # the summary line
+    client, run = run_record(tmp_path / "mlflow.db")
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test_auc"] == pytest.approx(metrics["test_auc"])
+    assert "samples_per_s" in run.data.metrics
+    # the fetched variable and the running AUC were reported while training ran
+    watched = client.get_metric_history(run.info.run_id, "fetch_tower_out.b")
+    assert len(watched) >= 3 and len({m.value for m in watched}) > 1
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_auc")]
+    assert steps[-1] == 30000 and len(steps) >= 3
+    data_dir = glob.glob(str(tmp_path / "cache" / "ctr-*"))[0]
+    assert exported_auc(tmp_path / "run" / "inference_model", data_dir) == pytest.approx(
+        metrics["test_auc"], abs=1e-6)
+
+
+def test_ctr_trains_on_a_parameter_server_cluster(tmp_path):
+    result = kspipe(*ctr_args(tmp_path, "mode=pserver", "workers=2", "cluster.timeout_s=300"),
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["test_auc"] >= 0.65, metrics
+    # each worker trained on its half of the files
+    assert metrics["train_instances"] == 3 * 5000
+    assert metrics["samples_per_s"] > metrics["worker_samples_per_s"]
+    client, run = run_record(tmp_path / "mlflow.db")
+    assert run.info.status == "FINISHED"
+    logs = client.list_artifacts(run.info.run_id, "logs")
+    assert len(logs) == 3  # a server and two workers
+    server_log = next((tmp_path / "run" / "logs").glob("server*"))
+    assert "ready" in server_log.read_text()
+    # the export carries the tables pulled from the servers: it scores like the cluster did
+    data_dir = glob.glob(str(tmp_path / "cache" / "ctr-*"))[0]
+    assert exported_auc(tmp_path / "run" / "inference_model", data_dir) == pytest.approx(
+        metrics["test_auc"], abs=1e-6)
+
+
+DESC = """name: "MultiSlotDataFeed"
+batch_size: 8
+multi_slot_desc {
+  slots { name: "label" type: "uint64" is_used: true }
+  slots { name: "ids" type: "uint64" is_used: true }
+  slots { name: "price" type: "float" is_dense: true is_used: true }
+}
+"""
+
+
+@pytest.fixture
+def own_files(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "test").mkdir()
+    (tmp_path / "desc.prototxt").write_text(DESC)
+    rng = np.random.default_rng(0)
+    for folder, files in (("train", 2), ("test", 1)):
+        for f in range(files):
+            lines = []
+            for _ in range(40):
+                ids = rng.integers(0, 50, rng.integers(1, 4))
+                lines.append(f"1 {int(ids[0] % 2)} {len(ids)} {' '.join(map(str, ids))} "
+                             f"1 {rng.normal():.3f}")
+            (tmp_path / folder / f"part-{f}").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def own_args(tmp_path, *overrides):
+    return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
+            f"datafeed.desc={tmp_path / 'desc.prototxt'}",
+            f"datafeed.train_files={tmp_path / 'train'}",
+            f"datafeed.test_files={tmp_path / 'test'}", "ctr.epochs=1", *overrides]
+
+
+def test_own_files_and_desc_train(own_files):
+    result = kspipe(*own_args(own_files, "datafeed.threads=5"), cwd=own_files)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "datafeed.threads=5 but this worker has 2 file(s)" in result.stderr
+    metrics = json.loads((own_files / "run" / "metrics.json").read_text())
+    assert metrics["train_instances"] == 80 and metrics["test_instances"] == 40
+
+
+def corrupt(path, line_number, text):
+    lines = path.read_text().splitlines()
+    lines[line_number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["local", "pserver"])
+def test_a_malformed_line_is_named(own_files, mode):
+    bad = own_files / "train" / "part-1"
+    corrupt(bad, 7, "1 0 3 4 5 1 0.5")
+    result = kspipe(*own_args(own_files, f"mode={mode}", "workers=2", "cluster.timeout_s=120"),
+                    cwd=own_files)
+    assert_one_line_error(result, f"{bad}:7: the value count of slot 'price' is '0.5'")
+    assert finished_runs(own_files / "mlflow.db") == []
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (lambda d: corrupt(d / "train" / "part-0", 3, "1 1 2 4 abc 1 0.5"),
+     ["part-0:3: slot 'ids' is uint64 but holds 'abc'"]),
+    (lambda d: corrupt(d / "test" / "part-0", 2, "1 1 1 4 1 0.5x"),
+     ["test/part-0:2: slot 'price' is float but holds '0.5x'"]),
+    (lambda d: corrupt(d / "train" / "part-0", 1, "1 7 1 4 1 0.5"),
+     ["part-0:1: label slot 'label' holds 7"]),
+    (lambda d: os.remove(d / "train" / "part-0") or os.remove(d / "train" / "part-1"),
+     ["datafeed.train_files: folder", "has no files"]),
+    (lambda d: (d / "desc.prototxt").write_text(DESC.replace('"float"', '"double"')),
+     ["has type 'double'"]),
+])
+def test_bad_data_is_one_clear_line(own_files, change, fragments):
+    change(own_files)
+    result = kspipe(*own_args(own_files), cwd=own_files)
+    assert_one_line_error(result, *fragments)
+    assert finished_runs(own_files / "mlflow.db") == []
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["datafeed.train_files=[/nowhere/part-0]"], ["datafeed.train_files: no such file: /nowhere/part-0"]),
+    (["datafeed.train_files=[]"], ["datafeed.train_files: the file list is empty"]),
+    (["datafeed.desc=null"], ["datafeed.desc and datafeed.train_files go together"]),
+    (["datafeed.label=click"], ["datafeed.label='click'", "slots: label, ids, price"]),
+    (["datafeed.threads=0"], ["datafeed.threads=0 must be a positive integer"]),
+    (["datafeed.dataset=hdfs"], ["datafeed.dataset='hdfs'"]),
+    (["datafeed.fetch=[no_such_var]"], ["datafeed.fetch: the program has no variable 'no_such_var'"]),
+    (["mode=collective"], ["the ctr workload runs in mode local or pserver"]),
+    (["mode=pserver", "cluster.strategy=sync"], ["cluster.strategy=sync", "async"]),
+    (["ctr.hash_size=0"], ["ctr.hash_size=0 must be a positive integer"]),
+    (["workers=3", "mode=pserver"], ["2 training file(s) for 3 workers"]),
+])
+def test_bad_ctr_config(own_files, overrides, fragments):
+    result = kspipe(*own_args(own_files, "cluster.timeout_s=120", *overrides), cwd=own_files)
+    assert_one_line_error(result, *fragments)
+    assert finished_runs(own_files / "mlflow.db") == []
+
+
+def test_auc_from_the_auc_ops_histograms_matches_the_exact_auc():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 5000)
+    scores = np.clip(0.5 + 0.2 * (labels - 0.5) + rng.normal(0, 0.2, 5000), 0, 1)
+    buckets = np.minimum((scores * 4095).astype(int), 4095)
+    pos = np.bincount(buckets[labels == 1], minlength=4096)
+    neg = np.bincount(buckets[labels == 0], minlength=4096)
+    assert auc_from_histograms(pos, neg) == pytest.approx(roc_auc(labels, scores), abs=2e-3)
+    assert roc_auc([0, 1, 0, 1], [0.1, 0.9, 0.5, 0.5]) == pytest.approx(0.875)
