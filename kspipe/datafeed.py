@@ -22,6 +22,7 @@ import csv
 import glob
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -175,12 +176,15 @@ def resolve_files(spec, key: str) -> list[str]:
     return files
 
 
-def scan_files(files: list[str], desc: DataFeedDesc, check: bool = True) -> FileCounts:
-    """Count each file's instances; with ``check``, parse every line as Paddle's reader would.
+def scan_files(files: list[str], desc: DataFeedDesc, check: bool = True,
+               label: str | None = None) -> FileCounts:
+    """Count each file's instances; with ``check``, parse every line as Paddle's reader would
+    (and check that the slot ``label``, if given, holds one 0 or 1).
 
     Raises :class:`DataError` naming the file and line of the first malformed instance.
     """
-    lines, widths = {}, {}
+    lines, widths, slots = {}, {}, desc.slots
+    k = [s.name for s in slots].index(label) if label else None
     for path in files:
         count = 0
         try:
@@ -190,8 +194,12 @@ def scan_files(files: list[str], desc: DataFeedDesc, check: bool = True) -> File
                 else:
                     for number, raw in enumerate(f, 1):
                         if raw.strip():
-                            parse_line(raw.decode("utf-8", "replace"), desc.slots, widths,
-                                       path, number)
+                            values = parse_line(raw.decode("utf-8", "replace"), slots, widths,
+                                                path, number)
+                            if k is not None and (len(values[k]) != 1 or values[k][0] > 1):
+                                raise DataError(
+                                    f"{path}:{number}: label slot {label!r} holds "
+                                    f"{' '.join(map(str, values[k]))}; a label is one 0 or 1")
                             count += 1
         except OSError as err:
             raise DataError(f"cannot read {path}: {err.strerror}") from err
@@ -211,7 +219,10 @@ def parse_line(line: str, slots, widths: dict, path: str = "<line>", number: int
         if i >= len(tokens):
             raise DataError(f"{where}: the line ends before slot {slot.name!r} "
                             f"({len(slots)} slots expected)")
-        count = _int_token(tokens[i], where, f"the value count of slot {slot.name!r}")
+        try:
+            count = int(tokens[i])
+        except ValueError:
+            count = _int_token(tokens[i], where, f"the value count of slot {slot.name!r}")
         if count < 1:
             raise DataError(f"{where}: slot {slot.name!r} has {count} values; every slot needs "
                             f"at least one (pad empty sparse slots with an id such as 0)")
@@ -219,12 +230,17 @@ def parse_line(line: str, slots, widths: dict, path: str = "<line>", number: int
         if len(chunk) < count:
             raise DataError(f"{where}: slot {slot.name!r} says {count} values but the line has "
                             f"only {len(chunk)} left")
-        if slot.type == "uint64":
-            chunk = [_uint64_token(t, where, slot.name) for t in chunk]
-        else:
-            chunk = [_float_token(t, where, slot.name) for t in chunk]
+        try:  # the fast path; on a bad value, find and name it
+            chunk = list(map(int if slot.type == "uint64" else float, chunk))
+            if slot.type == "uint64" and (min(chunk) < 0 or max(chunk) >= UINT64_LIMIT):
+                raise ValueError
+        except ValueError:
+            convert_token = _uint64_token if slot.type == "uint64" else _float_token
+            chunk = [convert_token(t, where, slot.name) for t in chunk]
         if slot.is_dense:
-            expected = widths.setdefault(slot.name, _declared_width(slot) or count)
+            expected = widths.get(slot.name)
+            if expected is None:
+                expected = widths[slot.name] = _declared_width(slot) or count
             if count != expected:
                 raise DataError(f"{where}: dense slot {slot.name!r} has {count} values, "
                                 f"expected {expected}")
@@ -238,7 +254,7 @@ def parse_line(line: str, slots, widths: dict, path: str = "<line>", number: int
 
 def _declared_width(slot) -> int | None:
     dims = [d for d in slot.shape if d > 0]
-    return int(np.prod(dims)) if dims else None
+    return math.prod(dims) if dims else None
 
 
 def _int_token(token: str, where: str, what: str) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kspipe import ctr_data, hookimpl
 from kspipe.datafeed import DataFeedDesc, FileCounts, parse_line, resolve_files, scan_files
 from kspipe.errors import ConfigError, DataError
+from kspipe.pipeline import Reporter
 
 DATASETS = ("queue", "in_memory")
 
@@ -79,10 +80,13 @@ def kspipe_read_dataset(cfg, role):
                         f"worker reads whole files, so give at least one file per worker")
     dataset.train_files = role.split_files(train)
     dataset.test_files = test
-    dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate)
+    if d.validate:
+        size = sum(os.path.getsize(p) for p in dataset.train_files) / 2**20
+        Reporter.say(f"checking {len(dataset.train_files)} training file(s) ({size:.1f} MiB) "
+                     f"line by line (datafeed.validate=false skips this)")
+    dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate, label=label)
     if d.validate and role.is_first_worker():
-        scan_files(test, desc)
-    check_label_values(dataset)
+        scan_files(test, desc, label=label)
     dataset.threads = reader_threads(d.threads, len(dataset.train_files))
     return dataset
 
@@ -101,22 +105,6 @@ def check_label(desc: DataFeedDesc, name: str) -> str:
     if len([s for s in desc.used_slots if s.name != name]) == 0:
         raise ConfigError(f"{desc.path}: no used slot besides the label {name!r}")
     return name
-
-
-def check_label_values(dataset: FileDataset) -> None:
-    """Labels are one 0 or 1 per instance (checked on the first lines of each file)."""
-    slots = dataset.desc.slots
-    k = [s.name for s in slots].index(dataset.label)
-    widths = dict(dataset.dense_width)
-    for path in dataset.train_files:
-        with open(path) as f:
-            for number, line in zip(range(1, 101), f):
-                if not line.strip():
-                    continue
-                values = parse_line(line, slots, widths, path, number)[k]
-                if len(values) != 1 or values[0] not in (0, 1):
-                    raise DataError(f"{path}:{number}: label slot {dataset.label!r} holds "
-                                    f"{' '.join(map(str, values))}; a label is one 0 or 1")
 
 
 def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
@@ -146,8 +134,6 @@ def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
 def reader_threads(threads: int, files: int) -> int:
     """Reader threads: each reads whole files, so at most this worker's file count."""
     if threads > files:
-        from kspipe.pipeline import Reporter
-
         Reporter.say(f"datafeed.threads={threads} but this worker has {files} file(s); "
                      f"each thread reads whole files, so {files} thread(s) will run")
         return files
