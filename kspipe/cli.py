@@ -101,6 +101,8 @@ def hydra_main(cfg) -> None:
     with open_dict(cfg):
         cfg.run_dir = cfg.run_dir or hydra_cfg.runtime.output_dir
         cfg.tracking.run_name = cfg.tracking.run_name or job
+        if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
+            cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         metrics = run(cfg, _pm)
     except KspipeError as err:

@@ -203,6 +203,16 @@ def _last_line(path: str) -> str:
     return ""
 
 
+def error_line(path: str) -> str | None:
+    """The message of the last ``kspipe: error:`` line of a role's log, if any."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith("kspipe: error:")]
+    except OSError:
+        return None
+    return lines[-1][len("kspipe: error:"):].strip() if lines else None
+
+
 def run_cluster(cfg, reporter, plan: list[tuple[str, int, dict]], description: str) -> dict:
     """Start the ``(role, index, env)`` processes of ``plan``, wait, return the job's metrics.
 

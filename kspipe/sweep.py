@@ -4,7 +4,7 @@ comparison of the jobs on the parent.
 The callback creates the parent run when the sweep starts and tells every job through
 ``KSPIPE_PARENT_RUN_ID``.  A job that fails is reported on one line and recorded (its child
 run FAILED); the others still run.  At the end the parent gets ``comparison.csv`` and
-``comparison.png`` (test accuracy and tasks/s per job) and ends FAILED if any job failed,
+``comparison.png`` (test accuracy or AUC, and tasks/s or samples/s, per job) and ends FAILED if any job failed,
 and the command exits non-zero.
 """
 
@@ -87,34 +87,37 @@ class SweepCallback(Callback):
             self.parent_id = None
 
 
+#: Compared per job: each workload's score and rate (Reptile: accuracy and tasks/s;
+#: the ctr workload: AUC and samples/s).
+COLUMNS = ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy", "tasks_per_s",
+           "test_auc", "samples_per_s"]
+SCORES = {"test_accuracy": "test accuracy", "test_auc": "test AUC"}
+RATES = {"tasks_per_s": "tasks/s", "samples_per_s": "samples/s"}
+
+
 def comparison_row(run, swept: list[str]) -> dict:
     """One job of the sweep, named by the values of the swept keys."""
     name = ", ".join(f"{k}={run.data.params.get(k, '?')}" for k in swept)
-    return {
-        "job": name or run.info.run_name or run.info.run_id,
-        "run_id": run.info.run_id,
-        "status": run.info.status,
-        "test_accuracy": run.data.metrics.get("test_accuracy"),
-        "test_accuracy_ci95": run.data.metrics.get("test_accuracy_ci95"),
-        "baseline_test_accuracy": run.data.metrics.get("baseline_test_accuracy"),
-        "tasks_per_s": run.data.metrics.get("tasks_per_s"),
-    }
+    row = {"job": name or run.info.run_name or run.info.run_id, "run_id": run.info.run_id,
+           "status": run.info.status}
+    row.update({key: run.data.metrics.get(key) for key in COLUMNS})
+    return row
 
 
 def write_table(rows: list[dict], path: str) -> str:
-    fields = ["job", "run_id", "status", "test_accuracy", "test_accuracy_ci95",
-              "baseline_test_accuracy", "tasks_per_s"]
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=["job", "run_id", "status", *COLUMNS])
         writer.writeheader()
         writer.writerows(rows)
     return path
 
 
 def plot_comparison(rows: list[dict], path: str) -> str | None:
-    done = [r for r in rows if r["test_accuracy"] is not None]
-    if not done:
+    score = next((k for k in SCORES if any(r[k] is not None for r in rows)), None)
+    if score is None:
         return None
+    rate = next((k for k in RATES if any(r[k] is not None for r in rows)), "tasks_per_s")
+    done = [r for r in rows if r[score] is not None]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,12 +125,12 @@ def plot_comparison(rows: list[dict], path: str) -> str | None:
 
     labels = [r["job"] for r in done]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.6 * len(done) + 2))
-    left.barh(labels, [r["test_accuracy"] for r in done],
-              xerr=[r["test_accuracy_ci95"] or 0 for r in done], color="tab:blue")
-    left.set_xlabel("test accuracy")
+    left.barh(labels, [r[score] for r in done], color="tab:blue",
+              xerr=[r.get(score + "_ci95") or 0 for r in done])
+    left.set_xlabel(SCORES[score])
     left.set_xlim(0, 1)
-    right.barh(labels, [r["tasks_per_s"] or 0 for r in done], color="tab:orange")
-    right.set_xlabel("tasks/s")
+    right.barh(labels, [r[rate] or 0 for r in done], color="tab:orange")
+    right.set_xlabel(RATES[rate])
     right.set_yticklabels([])
     fig.tight_layout()
     fig.savefig(path, dpi=100)

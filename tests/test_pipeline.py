@@ -28,7 +28,7 @@ def test_run_trains_evaluates_saves_and_records(tiny_cfg):
         assert metrics[name + "_ci95"] >= 0.0
     assert metrics["tasks_per_s"] > 0
     names = recorder.names()
-    assert names[0] == "kspipe_run_start" and names[-1] == "kspipe_run_end"
+    assert names[:2] == ["kspipe_check_config", "kspipe_run_start"] and names[-1] == "kspipe_run_end"
     assert "kspipe_run_error" not in names
     assert {"meta-train", "baseline", "evaluate"} <= {
         kw["task"] for n, kw in recorder.calls if n == "kspipe_progress"}

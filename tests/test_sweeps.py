@@ -146,3 +146,21 @@ def test_an_installed_plugin_package_is_found_and_runs(tmp_path, tiny_data):
     off = subprocess.run([sys.executable, "-m", "kspipe.cli", "plugins"], cwd=tmp_path,
                          capture_output=True, text=True, env=env, timeout=120)
     assert "shapes" not in off.stdout
+
+
+def test_a_sweep_of_the_ctr_workload_compares_auc_and_samples_per_s(tmp_path):
+    result = kspipe("-m", "+experiment=ctr_datafeed", "datafeed.threads=1,2", "ctr.epochs=1",
+                    "datafeed.generated.lines_per_file=500",
+                    f"datafeed.generated.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    client, found = runs(tmp_path)
+    (parent,) = [r for r in found if r.data.tags.get("kspipe.sweep") == "parent"]
+    table = Path(client.download_artifacts(parent.info.run_id, "comparison.csv", str(tmp_path)))
+    rows = table.read_text().splitlines()
+    header = rows[0].split(",")
+    assert len(rows) == 3 and "test_auc" in header and "samples_per_s" in header
+    for row in rows[1:]:
+        values = dict(zip(header, row.split(",")))
+        assert values["job"].startswith("datafeed.threads=")
+        assert 0 < float(values["test_auc"]) <= 1 and float(values["samples_per_s"]) > 0
+    assert "comparison.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
