@@ -198,3 +198,28 @@ def test_auc_from_the_auc_ops_histograms_matches_the_exact_auc():
     neg = np.bincount(buckets[labels == 0], minlength=4096)
     assert auc_from_histograms(pos, neg) == pytest.approx(roc_auc(labels, scores), abs=2e-3)
     assert roc_auc([0, 1, 0, 1], [0.1, 0.9, 0.5, 0.5]) == pytest.approx(0.875)
+
+
+def test_another_thread_count_in_the_same_process_is_refused_not_aborted(tmp_path):
+    from kspipe.errors import ConfigError
+    from kspipe.pipeline import run
+    from kspipe.testing import compose_config, plugin_manager
+
+    def cfg(threads, isolate):
+        return compose_config(["+experiment=ctr_datafeed", f"run_dir={tmp_path}/run{threads}",
+                               "tracking.enabled=false", "ctr.epochs=1",
+                               "datafeed.generated.lines_per_file=200",
+                               f"datafeed.generated.cache_dir={tmp_path}/cache",
+                               f"datafeed.threads={threads}", f"isolate={isolate}"])
+
+    # a test process may have trained from files already: use a count it has not
+    from kspipe.builtin import ctr
+
+    used = ctr._process_threads or 2  # the default, which other in-process tests use
+    other = 2 if used == 1 else 1
+    assert run(cfg(used, False), plugin_manager())["train_instances"] == 1600
+    with pytest.raises(ConfigError, match=f"already trained from files with {used} reader"):
+        run(cfg(other, False), plugin_manager())
+    # isolated, the same job runs in a process of its own and succeeds
+    metrics = run(cfg(other, True), plugin_manager())
+    assert 0 <= metrics["test_auc"] <= 1 and (tmp_path / f"run{other}" / "logs" / "worker.0.log").exists()

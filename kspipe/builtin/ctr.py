@@ -244,8 +244,25 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     return metrics
 
 
+#: The reader-thread count of this process's first ``train_from_dataset``: Paddle 2.6.2
+#: sizes the trainer's thread pool once per process and aborts on another count.
+_process_threads: int | None = None
+
+
+def claim_threads(threads: int) -> None:
+    global _process_threads
+    if _process_threads is None:
+        _process_threads = threads
+    elif threads != _process_threads:
+        raise ConfigError(
+            f"this process already trained from files with {_process_threads} reader "
+            f"thread(s); Paddle 2.6.2 keeps that thread pool for the life of a process and "
+            f"aborts on {threads}: run with isolate=true (a process of its own)")
+
+
 def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     """``train_from_dataset`` over this worker's files, ``ctr.epochs`` times."""
+    claim_threads(dataset.threads)
     epochs = cfg.ctr.epochs
     per_epoch = dataset.train_counts.total
     monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s)
