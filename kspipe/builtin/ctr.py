@@ -457,7 +457,7 @@ def evaluate(dataset, programs, executor, scope, reporter) -> dict:
     test_feeds = set(programs.test.global_block().vars) & set(programs.feed_names)
     batches = python_batches(dataset.test_files, dataset.desc, dataset.batch_size,
                              dict(dataset.dense_width))
-    seen = 0
+    seen, total = 0, dataset.test_counts.total if dataset.test_counts else 0
     with paddle.static.scope_guard(scope):
         for feed in batches:
             label = np.array(feed[dataset.label]).reshape(-1)
@@ -467,10 +467,9 @@ def evaluate(dataset, programs, executor, scope, reporter) -> dict:
             labels.append(label)
             scores.append(np.asarray(pred).reshape(-1))
             seen += len(label)
-            reporter.progress("evaluate", seen, seen + 1, {})
+            reporter.progress("evaluate", seen, max(total, seen), {})
     y = np.concatenate(labels).astype(np.float64)
     p = np.clip(np.concatenate(scores), 1e-7, 1 - 1e-7)
-    reporter.progress("evaluate", len(y), len(y), {})
     return {"test_auc": roc_auc(y, p),
             "test_logloss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
             "test_instances": int(len(y)), "test_ctr": float(y.mean())}

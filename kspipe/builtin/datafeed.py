@@ -31,6 +31,7 @@ class FileDataset:
     train_files: list = field(default_factory=list)  # this worker's share
     test_files: list = field(default_factory=list)
     train_counts: FileCounts | None = None
+    test_counts: FileCounts | None = None
     threads: int = 1
     kind: str = "queue"
 
@@ -85,8 +86,8 @@ def kspipe_read_dataset(cfg, role):
         Reporter.say(f"checking {len(dataset.train_files)} training file(s) ({size:.1f} MiB) "
                      f"line by line (datafeed.validate=false skips this)")
     dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate, label=label)
-    if d.validate and role.is_first_worker():
-        scan_files(test, desc, label=label)
+    if role.is_first_worker():  # it evaluates
+        dataset.test_counts = scan_files(test, desc, check=d.validate, label=label)
     dataset.threads = reader_threads(d.threads, len(dataset.train_files))
     return dataset
 
