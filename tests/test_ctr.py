@@ -223,3 +223,41 @@ def test_another_thread_count_in_the_same_process_is_refused_not_aborted(tmp_pat
     # isolated, the same job runs in a process of its own and succeeds
     metrics = run(cfg(other, True), plugin_manager())
     assert 0 <= metrics["test_auc"] <= 1 and (tmp_path / f"run{other}" / "logs" / "worker.0.log").exists()
+
+
+MIXED_DESC = """name: "MultiSlotDataFeed"
+batch_size: 16
+multi_slot_desc {
+  slots { name: "label" type: "uint64" is_used: true }
+  slots { name: "pair" type: "uint64" is_dense: true is_used: true }
+  slots { name: "skip" type: "float" is_used: false }
+  slots { name: "w" type: "float" is_used: true }
+}
+"""
+
+
+def test_dense_id_slots_unused_slots_and_float_sequences(tmp_path):
+    """A fixed-width id slot, a slot the reader must step over, a variable-length float slot."""
+    (tmp_path / "desc.prototxt").write_text(MIXED_DESC)
+    rng = np.random.default_rng(0)
+    for folder, files in (("train", 2), ("test", 1)):
+        (tmp_path / folder).mkdir()
+        for f in range(files):
+            lines = []
+            for _ in range(300):
+                a, b = rng.integers(0, 20, 2)
+                w = rng.normal(size=rng.integers(1, 4))
+                lines.append(f"1 {int(a % 2)} 2 {a} {b} 2 0.5 9.5 {len(w)} "
+                             + " ".join(f"{x:.3f}" for x in w))
+            (tmp_path / folder / f"part-{f}").write_text("\n".join(lines) + "\n")
+    result = kspipe(*own_args(tmp_path, "ctr.epochs=3"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["train_instances"] == 3 * 600
+    assert metrics["test_auc"] > 0.9  # the label is the parity of the first id of "pair"
+    import paddle
+
+    paddle.enable_static()
+    _, feeds, _ = paddle.static.load_inference_model(
+        str(tmp_path / "run" / "inference_model" / "model"), paddle.static.Executor(paddle.CPUPlace()))
+    assert feeds == ["pair", "w"]  # no label, no unused slot
