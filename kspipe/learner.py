@@ -7,16 +7,14 @@ an all-reduce), which they supply as ``meta_update``.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 
 import numpy as np
 
+from kspipe import checkpoint
 from kspipe.builtin.reptile import inner_batches, meta_step_size
 from kspipe.data import Prefetcher, sample_task
-from kspipe.errors import ConfigError
 
 # Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
 TRAIN_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, CURVE_STREAM = 1, 2, 3, 4
@@ -140,52 +138,16 @@ class ReptileLearner:
 
     def save_checkpoint(self, folder: str, iteration: int) -> str:
         """Write every persistable and the iteration to ``folder/checkpoint-<iteration>``."""
-        import paddle
-
-        final = os.path.join(folder, f"checkpoint-{iteration:07d}")
-        tmp = final + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        with paddle.static.scope_guard(self.scope):
-            paddle.static.save(self.p.train, os.path.join(tmp, "state"))
-        with open(os.path.join(tmp, "progress.json"), "w") as f:
-            json.dump({"meta_iteration": iteration, "tasks_done": self.tasks_done}, f)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        for old in sorted(checkpoints(folder))[:-self.cfg.train.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        return checkpoint.save(self.p.train, self.scope, folder, iteration,
+                               {"meta_iteration": iteration, "tasks_done": self.tasks_done},
+                               self.cfg.train.keep_checkpoints)
 
     def load_checkpoint(self, path: str) -> int:
         """Load a checkpoint (or the newest one in a folder); returns its meta-iteration."""
-        import paddle
-
-        found = latest_checkpoint(path)
-        with paddle.static.scope_guard(self.scope):
-            paddle.static.load(self.p.train, os.path.join(found, "state"), self.exe)
+        progress = checkpoint.load(self.p.train, self.scope, self.exe, path)
         self.run(self.p.save_theta)
-        with open(os.path.join(found, "progress.json")) as f:
-            progress = json.load(f)
         self.tasks_done = progress["tasks_done"]
         return progress["meta_iteration"]
-
-
-def checkpoints(folder: str) -> list[str]:
-    if not os.path.isdir(folder):
-        return []
-    return [os.path.join(folder, n) for n in os.listdir(folder)
-            if n.startswith("checkpoint-") and not n.endswith(".tmp")]
-
-
-def latest_checkpoint(path: str) -> str:
-    """``path`` itself if it is a checkpoint, else its newest checkpoint (or its run's)."""
-    if os.path.isfile(os.path.join(path, "progress.json")):
-        return path
-    for folder in (path, os.path.join(path, "checkpoints")):
-        found = sorted(checkpoints(folder))
-        if found:
-            return found[-1]
-    raise ConfigError(f"resume={path}: no checkpoint found there")
 
 
 def crossed(done: int, last_done: int, every: int) -> bool:

@@ -261,3 +261,33 @@ def test_dense_id_slots_unused_slots_and_float_sequences(tmp_path):
     _, feeds, _ = paddle.static.load_inference_model(
         str(tmp_path / "run" / "inference_model" / "model"), paddle.static.Executor(paddle.CPUPlace()))
     assert feeds == ["pair", "w"]  # no label, no unused slot
+
+
+def test_checkpoints_each_epoch_and_resumes(tmp_path):
+    first = tmp_path / "first"
+    args = [*ctr_args(tmp_path), "ctr.epochs=1"]
+    result = kspipe(*[a for a in args if not a.startswith("run_dir=")], f"run_dir={first}",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (first / "checkpoints").iterdir()] == ["checkpoint-0000001"]
+    before = json.loads((first / "metrics.json").read_text())
+    # nothing left to train: the restored weights score exactly as they did
+    again = kspipe(*[a for a in args if not a.startswith("run_dir=")],
+                   f"run_dir={tmp_path / 'again'}", f"resume={first}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed after epoch 1" in again.stderr
+    restored = json.loads((tmp_path / "again" / "metrics.json").read_text())
+    assert restored["test_auc"] == before["test_auc"] and restored["train_instances"] == 0
+    # one more epoch continues from there
+    more = kspipe(*[a for a in args if not a.startswith("run_dir=")], "ctr.epochs=2",
+                  f"run_dir={tmp_path / 'more'}", f"resume={first}", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    metrics = json.loads((tmp_path / "more" / "metrics.json").read_text())
+    assert metrics["train_instances"] == 10000 and metrics["test_auc"] >= 0.65
+    assert sorted(p.name for p in (tmp_path / "more" / "checkpoints").iterdir()) == [
+        "checkpoint-0000002"]
+
+
+def test_resume_on_the_servers_is_refused(tmp_path):
+    result = kspipe(*ctr_args(tmp_path, "mode=pserver", f"resume={tmp_path}"), cwd=tmp_path)
+    assert_one_line_error(result, "resumes in mode=local only")

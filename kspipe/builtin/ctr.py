@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kspipe import hookimpl
+from kspipe import checkpoint, hookimpl
 from kspipe.datafeed import python_batches
 from kspipe.errors import ConfigError
 
@@ -91,6 +91,9 @@ def check(cfg) -> None:
     m = cfg.ctr
     if cfg.mode not in MODES:
         raise ConfigError(f"mode={cfg.mode}: the ctr workload runs in mode local or pserver")
+    if cfg.mode == "pserver" and cfg.resume:
+        raise ConfigError("resume: the ctr workload resumes in mode=local only (the servers' "
+                          "embedding tables and optimiser state are not checkpointed)")
     if cfg.mode == "pserver" and cfg.cluster.strategy != "async":
         raise ConfigError(f"cluster.strategy={cfg.cluster.strategy}: the ctr workload trains "
                           f"with async on Paddle 2.6.2 (fleet's sync crashes in send_barrier "
@@ -268,10 +271,15 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s)
     printer = FetchPrinter(reporter, cfg.datafeed.print_period)
     names = list(programs.fetch)
+    first_epoch = 0
+    if cfg.resume:
+        progress = checkpoint.load(programs.main, scope, executor, cfg.resume)
+        first_epoch = progress["epoch"]
+        reporter.say(f"resumed after epoch {first_epoch} from {cfg.resume}")
     reporter.say(f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
-                 f"{dataset.threads} reader thread(s), {epochs} epoch(s)")
+                 f"{dataset.threads} reader thread(s), epochs {first_epoch + 1}-{epochs}")
     started = time.perf_counter()
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
         files = make_dataset(dataset)
         with monitor, printer:
             executor.train_from_dataset(
@@ -281,10 +289,13 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         if dataset.kind == "in_memory":
             files.release_memory()
         monitor.report(printer.latest, epoch_done=epoch + 1)
+        if not programs.distributed:  # the servers' tables are not checkpointed
+            checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
+                            epoch + 1, {"epoch": epoch + 1}, cfg.train.keep_checkpoints)
     seconds = time.perf_counter() - started
     auc = monitor.auc()
-    samples = per_epoch * epochs
-    rate = np.array([samples / seconds], np.float64)
+    samples = per_epoch * (epochs - first_epoch)
+    rate = np.array([samples / seconds if samples else 0.0], np.float64)
     total_rate = np.zeros_like(rate)
     role.all_reduce_worker(rate, total_rate, "sum")
     metrics = {"train_auc": auc, "samples_per_s": float(total_rate[0]),
