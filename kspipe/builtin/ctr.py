@@ -41,7 +41,6 @@ class CtrPrograms:
     startup: object
     main: object  # one training step (after the compile stage: with its optimiser)
     infer: object  # prediction with plain embedding tables, for export
-    infer_startup: object
     loss: object
     pred: object
     stat_pos: str  # the AUC op's accumulated histograms (persistable)
@@ -76,11 +75,12 @@ def kspipe_build_program(cfg, dataset):
     main.random_seed = startup.random_seed = cfg.seed
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         net = network(dataset, m, distributed, with_label=True)
-    infer, infer_startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(infer, infer_startup):
+    infer = paddle.static.Program()  # its parameters are the trained ones, shared by name
+    unused_startup = paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(infer, unused_startup):
         infer_net = network(dataset, m, distributed=False, with_label=False)
     return CtrPrograms(
-        startup=startup, main=main, infer=infer, infer_startup=infer_startup,
+        startup=startup, main=main, infer=infer,
         loss=net["loss"], pred=net["pred"], stat_pos=net["stat_pos"], stat_neg=net["stat_neg"],
         feed_names=[v.name for v in net["feeds"]], infer_feeds=infer_net["feeds"],
         infer_pred=infer_net["pred"],
@@ -525,8 +525,6 @@ def pull_tables(cfg, programs, executor, scope, chunk: int = 65536):
 
 @hookimpl
 def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
-    import os
-
     import paddle
     from omegaconf import OmegaConf
 
