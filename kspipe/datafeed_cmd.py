@@ -14,7 +14,8 @@ from kspipe.errors import KspipeError
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kspipe datafeed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="kspipe datafeed",
+                                     description="Write and check MultiSlot files.")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="write the click-through set with a planted signal")
     gen.add_argument("output")
