@@ -268,8 +268,9 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     claim_threads(dataset.threads)
     epochs = cfg.ctr.epochs
     per_epoch = dataset.train_counts.total
-    monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s)
     printer = FetchPrinter(reporter, cfg.datafeed.print_period)
+    monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s,
+                      printer)
     names = list(programs.fetch)
     first_epoch = 0
     if cfg.resume:
@@ -288,7 +289,7 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
                 fetch_info=names or None, print_period=cfg.datafeed.print_period)
         if dataset.kind == "in_memory":
             files.release_memory()
-        monitor.report(printer.latest, epoch_done=epoch + 1)
+        monitor.report(epoch_done=epoch + 1)
         if not programs.distributed:  # the servers' tables are not checkpointed
             checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
                             epoch + 1, {"epoch": epoch + 1}, cfg.train.keep_checkpoints)
@@ -332,13 +333,12 @@ def make_dataset(dataset):
 class Monitor:
     """Every ``period`` seconds while ``train_from_dataset`` runs, reads the instances seen
     and the running AUC from the AUC op's histograms (persistable, in the scope) and shows
-    them, with the latest fetched values, in the progress line.
+    them, with the printer's latest fetched values, in the progress line.
     """
 
-    def __init__(self, programs, scope, reporter, total: int, period: float):
+    def __init__(self, programs, scope, reporter, total: int, period: float, printer):
         self.p, self.scope, self.reporter = programs, scope, reporter
-        self.total, self.period = total, period
-        self.latest = {}
+        self.total, self.period, self.printer = total, period, printer
         self._stop = threading.Event()
         self._thread = None
 
@@ -354,7 +354,7 @@ class Monitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.report(self.latest)
+            self.report()
 
     def seen(self) -> int:
         return int(self._read(self.p.stat_pos).sum() + self._read(self.p.stat_neg).sum())
@@ -362,10 +362,9 @@ class Monitor:
     def auc(self) -> float:
         return auc_from_histograms(self._read(self.p.stat_pos), self._read(self.p.stat_neg))
 
-    def report(self, fetched: dict, epoch_done: int | None = None) -> None:
-        self.latest = fetched
+    def report(self, epoch_done: int | None = None) -> None:
         seen, auc = min(self.seen(), self.total), self.auc()
-        shown = {"auc": auc, **fetched}
+        shown = {"auc": auc, **self.printer.latest}
         if epoch_done:
             shown["epoch"] = epoch_done
         self.reporter.progress("train", seen, self.total, shown)
@@ -525,13 +524,7 @@ def pull_tables(cfg, programs, executor, scope, chunk: int = 65536):
 
 @hookimpl
 def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
-    import paddle
-    from omegaconf import OmegaConf
+    from kspipe.builtin.inference import export
 
-    os.makedirs(dirname, exist_ok=True)
-    prefix = os.path.join(dirname, "model")
-    with paddle.static.scope_guard(programs.export_scope or scope):
-        paddle.static.save_inference_model(prefix, programs.infer_feeds, [programs.infer_pred],
-                                           executor, program=programs.infer)
-    OmegaConf.save(cfg, os.path.join(dirname, "kspipe_config.yaml"), resolve=True)
-    return prefix
+    return export(cfg, dirname, programs.infer, programs.infer_feeds, [programs.infer_pred],
+                  executor, programs.export_scope or scope)
