@@ -33,8 +33,9 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 def build(folder: str, batch_size: int):
     import paddle
 
-    from kspipe.builtin import ctr, datafeed
-    from kspipe.role import Role
+    from kspipe.ctr import plugin as ctr
+    from kspipe.datafeed import plugin as datafeed
+    from kspipe.modes.role import Role
     from kspipe.testing import compose_config
 
     paddle.enable_static()
@@ -45,7 +46,7 @@ def build(folder: str, batch_size: int):
                           "datafeed.validate=false", "tracking.enabled=false"])
     role = Role()
     dataset = datafeed.kspipe_read_dataset(cfg=cfg, role=role)
-    programs = ctr.kspipe_build_program(cfg=cfg, dataset=dataset)
+    programs = ctr.kspipe_build_program(cfg=cfg, dataset=dataset, role=role)
     programs = ctr.kspipe_compile_program(cfg=cfg, role=role, programs=programs)
     return dataset, programs
 
@@ -63,7 +64,7 @@ def dataset_rate(dataset, programs, threads: int) -> float:
     import contextlib
     import io
 
-    from kspipe.builtin.ctr import make_dataset
+    from kspipe.ctr.training import make_dataset
 
     dataset.threads = threads
     exe, scope = fresh(programs)
@@ -113,7 +114,7 @@ def main() -> None:
         print(measure(args.measure[0], args.batch_size, args.measure[1]))
         return
 
-    from kspipe import ctr_data
+    from kspipe.datafeed import generated as ctr_data
 
     def rate(folder: str, feeding: str) -> float:
         # A process per run: Paddle 2.6.2 keeps trainer state per process, and a second

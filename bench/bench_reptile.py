@@ -45,17 +45,17 @@ class Silent:
 
 def pipeline_rate(cfg, dataset, programs, exe, scope, iterations: int) -> tuple[float, float]:
     """Meta-iterations per second through kspipe's learner, task sampling included."""
-    from kspipe.data import Prefetcher
-    from kspipe.learner import ReptileLearner
+    from kspipe.fewshot.data import Prefetcher
+    from kspipe.reptile.learner import ReptileLearner
 
     learner = ReptileLearner(cfg, dataset, programs, exe, scope, Silent())
     learner.initialize()
     for i in range(3):  # warm the image cache and the programs
-        learner.meta_iteration(i, learner.train_tasks(i), learner.local_meta_update)
+        learner.meta_iteration(i, learner.train_tasks(i))
     feed = Prefetcher(learner.train_tasks, range(3, 3 + iterations), depth=3)
     start = time.perf_counter()
     for i, tasks in feed:
-        learner.meta_iteration(i, tasks, learner.local_meta_update)
+        learner.meta_iteration(i, tasks)
     elapsed = time.perf_counter() - start
     feed.close()
     return iterations / elapsed, iterations * cfg.train.meta_batch / elapsed
@@ -83,17 +83,18 @@ def main() -> None:
 
     import paddle
 
-    from kspipe.builtin import local, open_ks, reptile
-    from kspipe.role import Role
+    from kspipe.fewshot import plugin as open_ks
+    from kspipe.reptile import plugin as reptile
+    from kspipe.modes.role import Role
     from kspipe.testing import compose_config
 
     paddle.enable_static()
     cfg = compose_config(["+experiment=omniglot_5way"])
     dataset = open_ks.kspipe_read_dataset(cfg=cfg, role=Role())
-    programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset)
+    programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
     if args.default_kernels:
         cfg.compile.onednn_conv = False
-    programs = local.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
+    programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()
     exe.run(programs.startup, scope=scope)

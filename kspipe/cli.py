@@ -15,7 +15,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
 import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
-from kspipe.errors import KspipeError  # noqa: E402
+from kspipe.errors import KspipeError, print_error  # noqa: E402
 
 _pm = None
 
@@ -31,7 +31,7 @@ def main() -> None:
 
         sys.exit(list_plugins(args[1:]))
     if args and args[0] == "datafeed":
-        from kspipe.datafeed_cmd import main as datafeed_main
+        from kspipe.datafeed.cli import main as datafeed_main
 
         sys.exit(datafeed_main(args[1:]))
     try:
@@ -43,16 +43,15 @@ def main() -> None:
     if extra_dirs:
         sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     hydra_main()
-    from kspipe.sweep import FAILED_JOBS
+    from kspipe.observers.sweep import FAILED_JOBS
 
     if FAILED_JOBS:
-        print(f"kspipe: error: {len(FAILED_JOBS)} job(s) of the sweep failed: "
-              f"{'; '.join(FAILED_JOBS)}", file=sys.stderr, flush=True)
+        print_error(f"{len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}")
         sys.exit(1)
 
 
 def fail(err: KspipeError) -> None:
-    print(f"kspipe: error: {err}", file=sys.stderr, flush=True)
+    print_error(err)
     sys.exit(err.exit_code)
 
 
@@ -94,7 +93,7 @@ def hydra_main(cfg) -> None:
     from hydra.types import RunMode
 
     from kspipe.pipeline import run
-    from kspipe.sweep import FAILED_JOBS, job_label
+    from kspipe.observers.sweep import FAILED_JOBS, job_label
 
     hydra_cfg = HydraConfig.get()
     job = job_label(hydra_cfg.overrides.task) if hydra_cfg.mode == RunMode.MULTIRUN else None
@@ -108,7 +107,7 @@ def hydra_main(cfg) -> None:
     except KspipeError as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:  # report, and let the other jobs run
             job = job or str(hydra_cfg.job.num)
-            print(f"kspipe: error: job {job}: {err}", file=sys.stderr, flush=True)
+            print_error(f"job {job}: {err}")
             FAILED_JOBS.append(f"{job}: {err}")
             return
         fail(err)
@@ -119,15 +118,17 @@ def hydra_main(cfg) -> None:
 
 
 def print_summary(cfg, metrics: dict) -> None:
+    """The closing line: the metrics the workload names (its headline and rate first)."""
+    from kspipe.plugin_manager import describe_workload
+
+    workload = describe_workload(_pm, cfg)
     shown = []
-    for name in ("test_accuracy", "baseline_test_accuracy", "train_accuracy", "test_auc",
-                 "train_auc"):
-        if name in metrics:
-            ci = metrics.get(name + "_ci95")
-            shown.append(f"{name} {metrics[name]:.3f}" + (f" ± {ci:.3f}" if ci is not None else ""))
-    for name in ("tasks_per_s", "samples_per_s"):
-        if name in metrics:
-            shown.append(f"{name} {metrics[name]:.1f}")
+    for name in workload.shown():
+        if name not in metrics:
+            continue
+        ci = metrics.get(name + "_ci95")
+        digits = 1 if name == workload.rate else 3
+        shown.append(f"{name} {metrics[name]:.{digits}f}" + (f" ± {ci:.3f}" if ci is not None else ""))
     print("kspipe: done: " + ", ".join(shown) + f" (run folder {cfg.run_dir})", flush=True)
 
 

@@ -1,18 +1,11 @@
-"""Checks of the composed config that give one clear line per mistake."""
+"""Checks of the composed config that every run needs, whatever its workload and mode.
+
+Each workload and mode checks its own keys in ``kspipe_check_config``.
+"""
 
 from __future__ import annotations
 
-from kspipe.errors import ConfigError
-
-
-def _require(cfg, key: str, minimum: int, kind=int) -> None:
-    value = cfg
-    for part in key.split("."):
-        value = value.get(part) if hasattr(value, "get") else None
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"{key}={value!r} must be {'an integer' if kind is int else 'a number'}")
-    if value < minimum:
-        raise ConfigError(f"{key}={value} must be at least {minimum}")
+from kspipe.errors import ConfigError, check_integer
 
 
 def validate(cfg) -> None:
@@ -21,15 +14,22 @@ def validate(cfg) -> None:
         raise ConfigError(f"mode={cfg.get('mode')!r} must be a name such as local")
     for key in ("workers", "servers"):
         value = cfg.get(key)
-        if isinstance(value, str):
-            continue  # an endpoint list, checked by the mode that reads it
-        _require(cfg, key, 1)
-    for key, minimum in (("task.ways", 1), ("task.shots", 1), ("train.meta_iters", 0),
-                         ("train.meta_batch", 1), ("train.inner_iters", 0),
-                         ("train.inner_batch", 1), ("train.shots", 1), ("eval.tasks", 1), ("eval.train_tasks", 1),
-                         ("eval.queries", 1), ("eval.inner_iters", 0), ("eval.inner_batch", 1),
-                         ("eval.interval", 0), ("eval.interval_tasks", 1),
-                         ("train.checkpoint_every", 0), ("train.keep_checkpoints", 1)):
-        _require(cfg, key, minimum)
-    for key in ("train.inner_lr", "train.meta_step", "train.meta_step_final"):
-        _require(cfg, key, 0, kind=(int, float))
+        if not isinstance(value, str):  # a string is an endpoint list, checked by the mode
+            check_integer(value, key, 1)
+
+
+def check_keys(cfg, minimums: dict, numbers: tuple = ()) -> None:
+    """Each ``key: minimum`` of ``minimums`` an integer of at least that; ``numbers`` at least 0."""
+    for key, minimum in minimums.items():
+        check_integer(lookup(cfg, key), key, minimum)
+    for key in numbers:
+        from kspipe.errors import check_number
+
+        check_number(lookup(cfg, key), key, 0)
+
+
+def lookup(cfg, key: str):
+    value = cfg
+    for part in key.split("."):
+        value = value.get(part) if hasattr(value, "get") else None
+    return value

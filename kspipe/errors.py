@@ -1,4 +1,9 @@
-"""The errors kspipe reports to a user as one line, without a traceback."""
+"""The errors kspipe reports to a user as one line, the one printer of that line, and the
+one place numbers from a config are checked to be whole and large enough."""
+
+from __future__ import annotations
+
+import sys
 
 
 class KspipeError(Exception):
@@ -22,3 +27,26 @@ class ClusterError(KspipeError):
     """A process of a distributed job failed, or the cluster could not be started."""
 
     exit_code = 3
+
+
+def print_error(message, prog: str = "kspipe") -> None:
+    """``<prog>: error: <message>`` on standard error: how every kspipe command fails."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+
+
+def check_integer(value, key: str, minimum: int = 1) -> int:
+    """``value`` if it is an integer of at least ``minimum``; else a ConfigError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}={value!r} must be an integer")
+    if value < minimum:
+        raise ConfigError(f"{key}={value} must be at least {minimum}")
+    return value
+
+
+def check_number(value, key: str, minimum: float = 0, above: bool = False) -> float:
+    """``value`` if it is a number of at least (``above``: more than) ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r} must be a number")
+    if value < minimum or (above and value == minimum):
+        raise ConfigError(f"{key}={value} must be {'more than' if above else 'at least'} {minimum}")
+    return value

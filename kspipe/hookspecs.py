@@ -1,9 +1,13 @@
-"""The hook specifications: one hook per pipeline stage, then the lifecycle hooks.
+"""The hook specifications: configuration, one hook per pipeline stage, then the
+lifecycle hooks.
 
 A run flows through the stage hooks in this order (see :func:`kspipe.pipeline.run`)::
 
     kspipe_assign_role -> kspipe_read_dataset -> kspipe_build_program
         -> kspipe_compile_program -> kspipe_execute -> kspipe_save_inference_model
+
+and every stage is bracketed by ``kspipe_before_stage`` and ``kspipe_after_stage`` (or
+``kspipe_on_stage_error``), so an observer can time or trace any of them.
 
 Each stage is served by exactly one plugin, chosen by name in the config
 (``stages.<stage>``, see :data:`kspipe.plugin_manager.STAGES`); the stage hooks
@@ -18,11 +22,10 @@ give their parameters defaults.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pluggy
 
 from kspipe import NAME
+from kspipe.contracts import Config, Launcher, Reporter, Role, Workload
 
 hookspec = pluggy.HookspecMarker(NAME)
 
@@ -44,21 +47,33 @@ def kspipe_config_dirs() -> list[str]:
 
 
 @hookspec(firstresult=True)
-def kspipe_assign_role(cfg: Any) -> Any:
+def kspipe_describe_workload(cfg: Config) -> Workload:
+    """Say what the workload is, which metrics tell of it, and what it needs of a mode.
+
+    Stops at the first non-None result; asked of the plugin ``cfg.stages.program`` names.
+
+    :param cfg: the composed config.
+    :return: a :class:`kspipe.contracts.Workload`.
+    """
+
+
+@hookspec(firstresult=True)
+def kspipe_assign_role(cfg: Config) -> Role | Launcher:
     """Decide this process's role in the job (stage ``role``).
 
     Stops at the first non-None result.
 
     :param cfg: the composed config.
-    :return: a :class:`kspipe.role.Role` (the seed's RoleMaker API: ``is_worker``,
-        ``is_first_worker``, ``worker_num``, ...).  A launcher role may instead run the whole
-        cluster and return a role whose ``is_launcher`` is true; the pipeline then stops
-        after this stage and reports the launcher's result.
+    :return: a :class:`kspipe.contracts.Role` (the seed's RoleMaker API and the mode's
+        distribution: ``distributed_optimizer``, ``parameter_sync``, ``init_worker`` ...;
+        base class :class:`kspipe.modes.role.Role`).  Or a
+        :class:`kspipe.contracts.Launcher`, which starts the job's processes itself; the
+        pipeline then reports the launcher's result.
     """
 
 
 @hookspec(firstresult=True)
-def kspipe_read_dataset(cfg: Any, role: Any) -> Any:
+def kspipe_read_dataset(cfg: Config, role: Role) -> object:
     """Read the data set the job trains and evaluates on (stage ``dataset``).
 
     Stops at the first non-None result.
@@ -66,25 +81,31 @@ def kspipe_read_dataset(cfg: Any, role: Any) -> Any:
     :param cfg: the composed config.
     :param role: this process's role, to pick a worker's share of the data.
     :return: a data set object the program and execute stages understand; for few-shot
-        learning a :class:`kspipe.data.FewShotDataset`.
+        learning a :class:`kspipe.fewshot.data.FewShotDataset` of
+        :class:`kspipe.contracts.FewShotClass` classes.
     """
 
 
 @hookspec(firstresult=True)
-def kspipe_build_program(cfg: Any, dataset: Any) -> Any:
+def kspipe_build_program(cfg: Config, dataset: object, role: Role) -> object:
     """Build the static-graph programs of the model (stage ``program``).
 
     Stops at the first non-None result.
 
     :param cfg: the composed config.
     :param dataset: what ``kspipe_read_dataset`` returned (gives image shape and classes).
-    :return: a programs object, for Reptile a :class:`kspipe.builtin.reptile.ReptilePrograms`.
+    :param role: this process's role (``role.embedding`` puts tables where the mode keeps them).
+    :return: a programs object, for Reptile a :class:`kspipe.reptile.programs.ReptilePrograms`.
     """
 
 
 @hookspec(firstresult=True)
-def kspipe_compile_program(cfg: Any, role: Any, programs: Any) -> Any:
+def kspipe_compile_program(cfg: Config, role: Role, programs: object) -> object:
     """Transpile or compile the programs for this role (stage ``compile``).
+
+    Where the workload makes its training distributed: ``role.distributed_optimizer(opt)``
+    or ``role.parameter_sync(shapes)``.  Runs on parameter servers too (they take their
+    tables from it).
 
     Stops at the first non-None result.
 
@@ -97,11 +118,15 @@ def kspipe_compile_program(cfg: Any, role: Any, programs: Any) -> Any:
 
 @hookspec(firstresult=True)
 def kspipe_execute(
-    cfg: Any, role: Any, dataset: Any, programs: Any, executor: Any, scope: Any, reporter: Any
-) -> Any:
+    cfg: Config, role: Role, dataset: object, programs: object, executor: object, scope: object,
+    reporter: Reporter,
+) -> dict:
     """Run the job: train, evaluate, checkpoint (stage ``execute``).
 
-    Stops at the first non-None result.
+    Stops at the first non-None result.  Workers only (servers run ``role.run_server``).
+    Call ``role.init_worker(scope)`` after the startup program and
+    ``role.finish_training(scope)`` after the training loop; the pipeline calls
+    ``role.stop_worker()`` after the save stage.
 
     :param cfg: the composed config.
     :param role: this process's role.
@@ -109,7 +134,7 @@ def kspipe_execute(
     :param programs: what ``kspipe_compile_program`` returned.
     :param executor: the ``paddle.static.Executor`` for this role's place.
     :param scope: the ``paddle.static.Scope`` the programs' variables live in.
-    :param reporter: a :class:`kspipe.pipeline.Reporter`; report progress, metrics and
+    :param reporter: a :class:`kspipe.contracts.Reporter`; report progress, metrics and
         artifacts through it, never to a tracking library directly.
     :return: a dict of the final metrics (name to float).
     """
@@ -117,8 +142,8 @@ def kspipe_execute(
 
 @hookspec(firstresult=True)
 def kspipe_save_inference_model(
-    cfg: Any, role: Any, programs: Any, executor: Any, scope: Any, dirname: str
-) -> Any:
+    cfg: Config, role: Role, programs: object, executor: object, scope: object, dirname: str
+) -> str:
     """Save the trained model for inference (stage ``save``).
 
     Stops at the first non-None result.  Only the first worker is asked.
@@ -138,7 +163,7 @@ def kspipe_save_inference_model(
 
 
 @hookspec
-def kspipe_check_config(cfg: Any) -> None:
+def kspipe_check_config(cfg: Config) -> None:
     """Check the composed config before anything starts (before the role stage).
 
     Called on every plugin; each checks what it serves (for a stage plugin: when
@@ -151,7 +176,7 @@ def kspipe_check_config(cfg: Any) -> None:
 
 
 @hookspec
-def kspipe_run_start(cfg: Any, role: Any, run_dir: str) -> None:
+def kspipe_run_start(cfg: Config, role: Role | Launcher, run_dir: str) -> None:
     """A run starts, after the config was validated and the role assigned.
 
     :param cfg: the composed config.
@@ -190,7 +215,37 @@ def kspipe_log_artifact(path: str, artifact_path: str) -> None:
 
 
 @hookspec
-def kspipe_run_end(cfg: Any, metrics: dict, run_dir: str) -> None:
+def kspipe_before_stage(stage: str, cfg: Config) -> None:
+    """A stage is about to run.
+
+    :param stage: the stage's name (``role``, ``dataset``, ``program``, ``compile``,
+        ``execute``, ``save``).
+    :param cfg: the composed config.
+    """
+
+
+@hookspec
+def kspipe_after_stage(stage: str, cfg: Config, result: object) -> None:
+    """A stage returned.
+
+    :param stage: the stage's name.
+    :param cfg: the composed config.
+    :param result: what its hook returned.
+    """
+
+
+@hookspec
+def kspipe_on_stage_error(stage: str, cfg: Config, error: BaseException) -> None:
+    """A stage raised (the error is raised again afterwards, and ``kspipe_run_error`` follows).
+
+    :param stage: the stage's name.
+    :param cfg: the composed config.
+    :param error: what it raised.
+    """
+
+
+@hookspec
+def kspipe_run_end(cfg: Config, metrics: dict, run_dir: str) -> None:
     """A run finished successfully.
 
     :param cfg: the composed config.
@@ -200,7 +255,7 @@ def kspipe_run_end(cfg: Any, metrics: dict, run_dir: str) -> None:
 
 
 @hookspec
-def kspipe_run_error(cfg: Any, error: BaseException) -> None:
+def kspipe_run_error(cfg: Config, error: BaseException) -> None:
     """A run failed (the error is re-raised after this hook).
 
     :param cfg: the composed config.

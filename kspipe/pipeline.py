@@ -1,8 +1,11 @@
 """The spine: one run, stage by stage, from a composed config to its recorded result.
 
-    validate config -> role -> dataset -> program -> compile -> execute -> save
+    check config -> role -> [launcher: launch the processes]
+                  | [server: dataset -> program -> compile -> serve]
+                  | [worker: dataset -> program -> compile -> execute -> save]
 
-Each stage is the hook of the plugin that ``cfg.stages`` names for it; observers hear
+Each stage is the hook of the plugin that ``cfg.stages`` names for it, bracketed by
+``kspipe_before_stage`` / ``kspipe_after_stage`` / ``kspipe_on_stage_error``; observers hear
 ``kspipe_run_start``, progress, metrics and artifacts, and ``kspipe_run_end`` or
 ``kspipe_run_error``.
 """
@@ -11,32 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from kspipe import config as kconfig
-from kspipe.plugin_manager import STAGES, check_mode, get_plugin_manager, stage_caller
-
-
-class Reporter:
-    """What a stage reports goes through here to the lifecycle hooks."""
-
-    def __init__(self, hook, run_dir: str):
-        self._hook = hook
-        self.run_dir = run_dir
-
-    def progress(self, task: str, step: int, total: int, values: dict | None = None) -> None:
-        self._hook.kspipe_progress(task=task, step=step, total=total, values=values or {})
-
-    def metrics(self, metrics: dict, step: int) -> None:
-        self._hook.kspipe_log_metrics(metrics=dict(metrics), step=step)
-
-    def artifact(self, path: str, artifact_path: str = "") -> None:
-        self._hook.kspipe_log_artifact(path=path, artifact_path=artifact_path)
-
-    @staticmethod
-    def say(message: str) -> None:
-        print(f"kspipe: {message}", file=sys.stderr, flush=True)
+from kspipe.errors import ConfigError
+from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
+                                   stage_caller)
+from kspipe.reporting import Reporter
 
 
 def run(cfg, pm=None) -> dict:
@@ -44,14 +28,18 @@ def run(cfg, pm=None) -> dict:
 
     Raises :class:`kspipe.errors.KspipeError` for a problem the user can fix.
     """
-    kconfig.validate(cfg)
     pm = pm or get_plugin_manager()
+    kconfig.validate(cfg)
     check_mode(pm, cfg.mode)
     pm.hook.kspipe_check_config(cfg=cfg)
-    stage = {name: stage_caller(pm, name, cfg.stages[name]) for name in STAGES}
+    stages = Stages(pm, cfg)
+    workload = describe_workload(pm, cfg)
 
-    role = stage["role"](cfg=cfg)
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
+    role = stages.call("role", cfg=cfg)
+    refusal = role.refuses(workload.needs, cfg)
+    if refusal:
+        raise ConfigError(f"mode={cfg.mode} cannot run the {workload.name} workload: {refusal}")
     os.makedirs(run_dir, exist_ok=True)
     reporter = Reporter(pm.hook, run_dir)
 
@@ -60,7 +48,7 @@ def run(cfg, pm=None) -> dict:
         if role.is_launcher:  # it starts the job's processes, which run the stages
             metrics = role.launch(reporter)
         else:
-            metrics = run_stages(cfg, stage, role, reporter)
+            metrics = run_stages(cfg, stages, role, reporter)
     except BaseException as error:
         pm.hook.kspipe_run_error(cfg=cfg, error=error)
         raise
@@ -68,34 +56,89 @@ def run(cfg, pm=None) -> dict:
     return metrics
 
 
-def run_stages(cfg, stage, role, reporter) -> dict:
+class Stages:
+    """Calls each stage's chosen plugin, with the before/after/error hooks around it."""
+
+    def __init__(self, pm, cfg):
+        self.pm, self.cfg = pm, cfg
+        self.callers = {name: stage_caller(pm, name, cfg.stages[name]) for name in STAGES}
+
+    def call(self, stage: str, **kwargs):
+        hook = self.pm.hook
+        hook.kspipe_before_stage(stage=stage, cfg=self.cfg)
+        try:
+            result = self.callers[stage](**kwargs)
+        except BaseException as error:
+            hook.kspipe_on_stage_error(stage=stage, cfg=self.cfg, error=error)
+            raise
+        hook.kspipe_after_stage(stage=stage, cfg=self.cfg, result=result)
+        return result
+
+
+
+def run_stages(cfg, stages: Stages, role, reporter) -> dict:
     """dataset -> program -> compile -> execute -> save, in this process's role."""
     import paddle
 
     paddle.enable_static()
-    dataset = stage["dataset"](cfg=cfg, role=role)
-    programs = stage["program"](cfg=cfg, dataset=dataset)
-    programs = stage["compile"](cfg=cfg, role=role, programs=programs)
-    executor = paddle.static.Executor(role.place())
+    dataset = stages.call("dataset", cfg=cfg, role=role)
+    programs = stages.call("program", cfg=cfg, dataset=dataset, role=role)
+    programs = stages.call("compile", cfg=cfg, role=role, programs=programs)
+    if role.is_server():
+        role.run_server(reporter)
+        return {}
+    executor = make_executor(role.place(), reporter.run_dir)
     scope = paddle.static.Scope()
-    metrics = stage["execute"](cfg=cfg, role=role, dataset=dataset, programs=programs,
-                               executor=executor, scope=scope, reporter=reporter) or {}
-    graph = (cfg.compile.get("build_strategy") or {}).get("debug_graphviz_path")
-    if graph and role.is_first_worker():
-        folder = os.path.dirname(os.path.join(reporter.run_dir, graph))
-        if os.path.isdir(folder):  # Paddle writes Graphviz files without a suffix
-            for name in os.listdir(folder):
-                if not name.endswith(".dot"):
-                    os.replace(os.path.join(folder, name), os.path.join(folder, name + ".dot"))
-            reporter.artifact(folder, "graph")
-    if role.is_first_worker():
-        model_dir = os.path.join(reporter.run_dir, "inference_model")
-        stage["save"](cfg=cfg, role=role, programs=programs, executor=executor, scope=scope,
-                      dirname=model_dir)
-        reporter.artifact(model_dir, "inference_model")
-        with open(os.path.join(reporter.run_dir, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=1)
+    try:
+        metrics = stages.call("execute", cfg=cfg, role=role, dataset=dataset, programs=programs,
+                              executor=executor, scope=scope, reporter=reporter) or {}
+        if role.is_first_worker():
+            collect_graphs(cfg, reporter)
+            model_dir = os.path.join(reporter.run_dir, "inference_model")
+            stages.call("save", cfg=cfg, role=role, programs=programs, executor=executor,
+                        scope=scope, dirname=model_dir)
+            reporter.artifact(model_dir, "inference_model")
+            with open(os.path.join(reporter.run_dir, "metrics.json"), "w") as f:
+                json.dump(metrics, f, indent=1)
+    except BaseException:
+        role.stop_worker(clean=False)
+        raise
+    role.stop_worker(clean=True)
     return metrics
+
+
+def make_executor(place, run_dir: str):
+    """An executor whose debug descriptions (``train_from_dataset`` writes
+    ``<id>_train_desc.prototxt`` into the current folder) go to ``<run_dir>/debug``."""
+    import paddle
+
+    executor = paddle.static.Executor(place)
+    folder = os.path.join(run_dir, "debug")
+
+    def dump_debug_info(program=None, trainer=None):
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{id(program)}_train_desc.prototxt"), "w") as f:
+            f.write(str(trainer))
+        fleet_opt = getattr(program, "_fleet_opt", None) or {}
+        if "fleet_desc" in fleet_opt:
+            with open(os.path.join(folder, "fleet_desc.prototxt"), "w") as f:
+                f.write(str(fleet_opt["fleet_desc"]))
+
+    executor._dump_debug_info = dump_debug_info
+    return executor
+
+
+def collect_graphs(cfg, reporter) -> None:
+    """The Graphviz files of ``compile.build_strategy.debug_graphviz_path``, as artifacts."""
+    graph = (cfg.compile.get("build_strategy") or {}).get("debug_graphviz_path")
+    if not graph:
+        return
+    folder = os.path.dirname(os.path.join(reporter.run_dir, graph))
+    if os.path.isdir(folder):  # Paddle writes Graphviz files without a suffix
+        for name in os.listdir(folder):
+            if not name.endswith(".dot"):
+                os.replace(os.path.join(folder, name), os.path.join(folder, name + ".dot"))
+        reporter.artifact(folder, "graph")
 
 
 def default_run_dir() -> str:

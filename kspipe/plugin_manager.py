@@ -24,9 +24,14 @@ DISABLE_AUTOLOAD_ENV = "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"
 
 
 def builtin_plugins():
-    """Return ``(name, module)`` of the plugins that ship inside kspipe."""
-    from kspipe.builtin import (collective, ctr, datafeed, inference, local, open_ks, progress,
-                                pserver, reptile, tracking)
+    """Return ``(name, plugin)`` of the plugins that ship inside kspipe: modes, data sets,
+    workloads, observers."""
+    from kspipe.ctr import plugin as ctr
+    from kspipe.datafeed import plugin as datafeed
+    from kspipe.fewshot import plugin as open_ks
+    from kspipe.modes import collective, local, pserver
+    from kspipe.observers import progress, tracking
+    from kspipe.reptile import plugin as reptile
 
     return [
         ("local", local),
@@ -36,7 +41,6 @@ def builtin_plugins():
         ("reptile", reptile),
         ("datafeed", datafeed),
         ("ctr", ctr),
-        ("inference", inference),
         ("progress", progress),
         ("mlflow", tracking.MlflowTracker()),
     ]
@@ -55,9 +59,40 @@ def get_plugin_manager(load_entrypoints: bool | None = None) -> pluggy.PluginMan
     if load_entrypoints is None:
         load_entrypoints = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     if load_entrypoints:
-        pm.load_setuptools_entrypoints(NAME)
+        load_installed(pm)
     pm.check_pending()
     return pm
+
+
+def load_installed(pm: pluggy.PluginManager) -> None:
+    """Register the plugins of the ``kspipe`` entry-point group.
+
+    One whose name is taken (a built-in's, or an earlier package's) is not loaded, and a
+    warning says so: pluggy's own loading would skip it silently.
+    """
+    from importlib import metadata
+
+    from pluggy._manager import DistFacade
+
+    for dist in list(metadata.distributions()):
+        for ep in dist.entry_points:
+            if ep.group != NAME or pm.is_blocked(ep.name):
+                continue
+            taken = pm.get_plugin(ep.name)
+            if taken is not None:
+                if getattr(taken, "__name__", None) != ep.value:  # not this same module again
+                    warn_collision(ep.name, dist.metadata["name"])
+                continue
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+            pm._plugin_distinfo.append((plugin, DistFacade(dist)))
+
+
+def warn_collision(name: str, package: str) -> None:
+    from kspipe.reporting import say
+
+    say(f"warning: the installed plugin {name!r} of {package} is not loaded: a built-in "
+        f"or earlier plugin has that name; rename its entry point")
 
 
 def implementers(pm: pluggy.PluginManager, stage: str) -> list[str]:
@@ -78,6 +113,16 @@ def stage_caller(pm: pluggy.PluginManager, stage: str, plugin_name: str):
         )
     others = [p for name, p in pm.list_name_plugin() if name != plugin_name]
     return pm.subset_hook_caller(STAGES[stage], remove_plugins=others)
+
+
+def describe_workload(pm: pluggy.PluginManager, cfg):
+    """What the plugin serving ``cfg.stages.program`` declares of its workload."""
+    from kspipe.contracts import Workload
+
+    name = cfg.stages.program
+    others = [p for n, p in pm.list_name_plugin() if n != name]
+    describe = pm.subset_hook_caller("kspipe_describe_workload", remove_plugins=others)
+    return describe(cfg=cfg) or Workload(name=name, headline="", rate="")
 
 
 def check_mode(pm: pluggy.PluginManager, mode: str) -> None:

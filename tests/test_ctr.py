@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from kspipe.builtin.ctr import auc_from_histograms, roc_auc
+from kspipe.ctr.evaluation import roc_auc
+from kspipe.ctr.training import auc_from_histograms
 from kspipe.datafeed import DataFeedDesc, python_batches
 
 from test_cli import assert_one_line_error, finished_runs, kspipe
@@ -213,9 +214,9 @@ def test_another_thread_count_in_the_same_process_is_refused_not_aborted(tmp_pat
                                f"datafeed.threads={threads}", f"isolate={isolate}"])
 
     # a test process may have trained from files already: use a count it has not
-    from kspipe.builtin import ctr
+    from kspipe.ctr import training
 
-    used = ctr._process_threads or 2  # the default, which other in-process tests use
+    used = training._process_threads or 2  # the default, which other in-process tests use
     other = 2 if used == 1 else 1
     assert run(cfg(used, False), plugin_manager())["train_instances"] == 1600
     with pytest.raises(ConfigError, match=f"already trained from files with {used} reader"):

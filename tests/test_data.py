@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kspipe.data import (Open_KS_Character, Open_KS_ImageNet, Open_KS_read, Prefetcher,
+from kspipe.fewshot.data import (Open_KS_Character, Open_KS_ImageNet, Open_KS_read, Prefetcher,
                          read_omniglot, sample_task)
 from kspipe.errors import DataError
 

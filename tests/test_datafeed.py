@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from kspipe import ctr_data
+from kspipe.datafeed import generated as ctr_data
 from kspipe.datafeed import (DataFeedDesc, python_batches, parse_line, resolve_files,
                              scan_files, convert)
-from kspipe.datafeed_cmd import main as datafeed_cmd
+from kspipe.datafeed.cli import main as datafeed_cmd
 from kspipe.errors import ConfigError, DataError
 
 SEED_DESC = """name: "MultiSlotDataFeed"

@@ -40,7 +40,7 @@ def test_the_paper_settings_are_all_there():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_runs(experiment, tmp_path, tiny_data, tiny_imagenet):
     if experiment.startswith("ctr"):  # MultiSlot files: the generated set, shrunk
-        from kspipe.builtin.ctr import _process_threads  # one count per process (Paddle)
+        from kspipe.ctr.training import _process_threads  # one count per process (Paddle)
 
         cfg = compose_config([f"+experiment={experiment}", f"run_dir={tmp_path}/run",
                               "tracking.enabled=false", "datafeed.generated.lines_per_file=200",

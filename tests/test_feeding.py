@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kspipe.errors import DataError
-from kspipe.feeding import DataFeeder, split_feed
+from kspipe.openks.feeding import DataFeeder, split_feed
 
 
 def test_a_dict_feed_is_split_across_devices():

@@ -20,7 +20,7 @@ HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
 
 
 def test_every_hook_is_prefixed_and_documented():
-    assert len(HOOKS) == 14
+    assert len(HOOKS) == 18
     for name in HOOKS:
         doc = inspect.getdoc(getattr(hookspecs, name))
         assert doc and len(doc) > 40, name
@@ -29,7 +29,7 @@ def test_every_hook_is_prefixed_and_documented():
 
 
 BUILTIN_SERVING = {"role": "local", "dataset": "open_ks", "program": "reptile",
-                   "compile": "local", "execute": "local", "save": "inference"}
+                   "compile": "reptile", "execute": "reptile", "save": "reptile"}
 
 
 def test_every_stage_has_a_firstresult_hook_and_a_builtin_implementation():
@@ -59,9 +59,9 @@ class StageSpy:
         return self.builtin["open_ks"].kspipe_read_dataset(cfg=cfg, role=role)
 
     @hookimpl
-    def kspipe_build_program(self, cfg, dataset):
+    def kspipe_build_program(self, cfg, dataset, role):
         self.order.append("kspipe_build_program")
-        return self.builtin["reptile"].kspipe_build_program(cfg=cfg, dataset=dataset)
+        return self.builtin["reptile"].kspipe_build_program(cfg=cfg, dataset=dataset, role=role)
 
     @hookimpl
     def kspipe_compile_program(self, cfg, role, programs):
@@ -71,14 +71,14 @@ class StageSpy:
     @hookimpl
     def kspipe_execute(self, cfg, role, dataset, programs, executor, scope, reporter):
         self.order.append("kspipe_execute")
-        return self.builtin["local"].kspipe_execute(
+        return self.builtin["reptile"].kspipe_execute(
             cfg=cfg, role=role, dataset=dataset, programs=programs, executor=executor,
             scope=scope, reporter=reporter)
 
     @hookimpl
     def kspipe_save_inference_model(self, cfg, role, programs, executor, scope, dirname):
         self.order.append("kspipe_save_inference_model")
-        return self.builtin["inference"].kspipe_save_inference_model(
+        return self.builtin["reptile"].kspipe_save_inference_model(
             cfg=cfg, role=role, programs=programs, executor=executor, scope=scope, dirname=dirname)
 
     @hookimpl
@@ -94,7 +94,8 @@ def test_config_chooses_the_plugin_of_each_stage_and_every_hook_fires(tiny_cfg):
     run(cfg, pm)
     assert spy.order == list(STAGES.values())
     fired = set(spy.order) | set(recorder.names())
-    assert fired | {"kspipe_run_error", "kspipe_config_dirs"} == set(HOOKS)
+    assert fired | {"kspipe_run_error", "kspipe_on_stage_error", "kspipe_config_dirs",
+                    "kspipe_describe_workload"} == set(HOOKS)
     assert pm.hook.kspipe_config_dirs() == [[]]
 
 
@@ -106,7 +107,8 @@ def test_run_error_hook_hears_a_failing_stage(tiny_cfg):
 
     recorder = HookRecorder()
     with pytest.raises(ConfigError):
-        run(tiny_cfg("stages.program=broken"), plugin_manager(("broken", Broken()), recorder))
+        run(tiny_cfg("stages.program=broken", "stages.compile=reptile", "stages.execute=reptile",
+                     "stages.save=reptile"), plugin_manager(("broken", Broken()), recorder))
     assert recorder.names()[-1] == "kspipe_run_error"
     assert isinstance(recorder.calls[-1][1]["error"], ConfigError)
 

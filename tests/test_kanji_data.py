@@ -5,8 +5,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from kspipe import kanji_data
-from kspipe.data import read_omniglot
+from kspipe.fewshot import kanji as kanji_data
+from kspipe.fewshot.data import read_omniglot
 
 
 def test_parse_strokes_follows_the_pen():

@@ -23,7 +23,7 @@ def accuracies(text):
 
 def test_script_runs_in_one_process(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "model")],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert accuracies(result.stdout) and accuracies(result.stdout)[0] >= 0.9
     assert (tmp_path / "model" / "model.pdmodel").is_file()
@@ -39,9 +39,10 @@ def test_script_runs_in_one_process(tmp_path):
 def test_script_runs_on_a_local_cluster(tmp_path, mode, args):
     logs = tmp_path / "logs"
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.launch", "--mode", mode, "--worker_num", "2",
+        [sys.executable, "-m", "kspipe.openks.launch", "--mode", mode, "--worker_num", "2",
          "--server_num", "1", "--log_dir", str(logs), "--timeout", "240", str(SCRIPT), *args,
-         "--out", str(tmp_path / "model")], capture_output=True, text=True, timeout=300)
+         "--out", str(tmp_path / "model")], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     found = [accuracies((logs / f"worker.{i}.log").read_text()) for i in range(2)]
     assert all(f and f[0] >= 0.9 for f in found), found
@@ -56,9 +57,9 @@ def test_a_failing_script_fails_the_launch(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import os, sys\nsys.exit(4 if os.environ.get('PADDLE_TRAINER_ID') == '1'"
                       " and os.environ.get('TRAINING_ROLE') == 'TRAINER' else 0)\n")
-    result = subprocess.run([sys.executable, "-m", "kspipe.launch", "--worker_num", "2",
+    result = subprocess.run([sys.executable, "-m", "kspipe.openks.launch", "--worker_num", "2",
                              "--log_dir", str(tmp_path / "logs"), str(script)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 3
     assert "kspipe-launch: error: worker 1 exited with status 4" in result.stderr
 

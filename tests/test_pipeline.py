@@ -27,8 +27,12 @@ def test_run_trains_evaluates_saves_and_records(tiny_cfg):
         assert 0.0 <= metrics[name] <= 1.0
         assert metrics[name + "_ci95"] >= 0.0
     assert metrics["tasks_per_s"] > 0
-    names = recorder.names()
+    names = [n for n in recorder.names() if not n.endswith("_stage")]
     assert names[:2] == ["kspipe_check_config", "kspipe_run_start"] and names[-1] == "kspipe_run_end"
+    stages = [(n, kw["stage"]) for n, kw in recorder.calls if n.endswith("_stage")]
+    assert stages == [(when, stage) for stage in ("role", "dataset", "program", "compile",
+                                                  "execute", "save")
+                      for when in ("kspipe_before_stage", "kspipe_after_stage")]
     assert "kspipe_run_error" not in names
     assert {"meta-train", "baseline", "evaluate"} <= {
         kw["task"] for n, kw in recorder.calls if n == "kspipe_progress"}
@@ -51,8 +55,8 @@ def test_run_trains_evaluates_saves_and_records(tiny_cfg):
 def test_inference_model_loads_and_classifies_a_task(tiny_cfg, tiny_data):
     import paddle
 
-    from kspipe.data import read_omniglot, sample_task
-    from kspipe.learner import nchw
+    from kspipe.fewshot.data import read_omniglot, sample_task
+    from kspipe.reptile.learner import nchw
 
     cfg = tiny_cfg()
     run(cfg, plugin_manager())

@@ -12,7 +12,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.cluster import free_ports
+from kspipe.modes.launch import free_ports
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import compose_config, plugin_manager, tiny_omniglot, tiny_overrides

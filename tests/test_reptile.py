@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from kspipe.builtin import reptile
-from kspipe.builtin.reptile import THETA, inner_batches, meta_step_size
-from kspipe.learner import ReptileLearner
+from kspipe.reptile.programs import THETA, build_programs, inner_batches, meta_step_size
+from kspipe.reptile.learner import ReptileLearner
 from kspipe.testing import compose_config
 
 
@@ -21,7 +20,7 @@ def learner():
     import paddle
 
     cfg = compose_config(["model.filters=8", "task.ways=3"])
-    programs = reptile.build_programs((28, 28, 1), 3, cfg.model, 0.01, seed=0)
+    programs = build_programs((28, 28, 1), 3, cfg.model, 0.01, seed=0)
     exe = paddle.static.Executor(paddle.CPUPlace())
     learner = ReptileLearner(cfg, None, programs, exe, paddle.static.Scope(), Quiet())
     learner.initialize()
@@ -55,7 +54,7 @@ def test_meta_iteration_moves_theta_towards_the_mean_of_adapted_weights(learner)
     learner.run(p.restore_snapshot)
     learner.cfg.train.inner_batch, learner.cfg.train.inner_iters = 3, 2
     learner.cfg.train.meta_iters = 10
-    learner.meta_iteration(4, tasks, learner.local_meta_update)
+    learner.meta_iteration(4, tasks)
     eps = meta_step_size(4, 10, learner.cfg.train.meta_step, learner.cfg.train.meta_step_final)
     after = values(learner, p.params + [n + THETA for n in p.params])
     for name in p.params:
@@ -65,7 +64,7 @@ def test_meta_iteration_moves_theta_towards_the_mean_of_adapted_weights(learner)
 
 
 def test_evaluate_leaves_the_whole_state_unchanged(learner, tiny_data):
-    from kspipe.data import read_omniglot
+    from kspipe.fewshot.data import read_omniglot
 
     learner.cfg.task.shots, learner.cfg.eval.inner_iters = 1, 3
     before = values(learner, learner.p.state)

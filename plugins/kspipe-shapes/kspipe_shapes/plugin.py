@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from kspipe import hookimpl
-from kspipe.data import FewShotDataset
+from kspipe.fewshot.data import FewShotDataset
 from kspipe.errors import ConfigError
 
 DEFAULTS = {"classes": 300, "drawings": 12, "size": 28, "seed": 0}

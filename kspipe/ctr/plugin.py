@@ -1,0 +1,87 @@
+"""The ``ctr`` workload: a click-through-rate model trained from MultiSlot files.
+
+Stages ``program``, ``compile``, ``execute`` and ``save`` of ``+experiment=ctr_datafeed``
+(its data set is the ``datafeed`` plugin's).  The same code runs in every mode that can
+give what it needs (:data:`NEEDS`): its tables are made with ``role.embedding`` (on the
+servers in ``mode=pserver``: ``sparse_embedding``, rows created as ids are seen) and its
+optimiser is ``role.distributed_optimizer(..., feeding="dataset")``.  At the end the
+first worker evaluates on the held-out files and pulls every table row (from wherever the
+mode keeps them) into one scope, so the exported model is self-contained in every mode.
+"""
+
+from __future__ import annotations
+
+from kspipe import hookimpl
+from kspipe.config import check_keys
+from kspipe.contracts import Workload
+from kspipe.ctr.evaluation import evaluate, pull_tables
+from kspipe.ctr.model import build, fetch_vars
+from kspipe.ctr.training import train
+from kspipe.errors import ConfigError, check_number
+
+#: What the ctr workload needs of its mode.
+NEEDS = frozenset({"dataset_training", "sparse_tables"})
+
+
+@hookimpl
+def kspipe_describe_workload(cfg):
+    needs = NEEDS | ({"resume_tables"} if cfg.get("resume") else set())
+    return Workload(name="ctr", headline="test_auc", rate="samples_per_s",
+                    summary=("test_auc", "train_auc", "samples_per_s"), needs=frozenset(needs))
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.program != "ctr":
+        return
+    check_keys(cfg, {"ctr.embedding_dim": 1, "ctr.hash_size": 1, "ctr.epochs": 1,
+                     "datafeed.print_period": 1, "train.keep_checkpoints": 1})
+    hidden = cfg.ctr.hidden
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
+        raise ConfigError(f"ctr.hidden={list(hidden)!r} must be a list of positive layer sizes")
+    check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
+    check_number(cfg.datafeed.print_period_s, "datafeed.print_period_s", 0, above=True)
+
+
+@hookimpl
+def kspipe_build_program(cfg, dataset, role):
+    return build(cfg, dataset, role)
+
+
+@hookimpl
+def kspipe_compile_program(cfg, role, programs):
+    import paddle
+
+    optimizer = paddle.optimizer.Adam(programs.learning_rate, lazy_mode=True)
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
+                                                                       programs.startup):
+        role.distributed_optimizer(optimizer, feeding="dataset").minimize(programs.loss)
+        programs.main = programs.loss.block.program  # as the mode rewrote it
+        programs.startup = paddle.static.default_startup_program()
+    programs.test = programs.main.clone(for_test=True)._prune([programs.pred])
+    programs.fetch = fetch_vars(programs, list(cfg.datafeed.fetch or []))
+    return programs
+
+
+@hookimpl
+def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    import paddle
+
+    with paddle.static.scope_guard(scope):
+        executor.run(programs.startup)
+    role.init_worker(scope)
+    metrics = train(cfg, role, dataset, programs, executor, scope, reporter)
+    role.finish_training(scope)
+    if role.is_first_worker():
+        metrics.update(evaluate(dataset, programs, executor, scope, reporter))
+        programs.export_scope = pull_tables(cfg, programs, executor, scope)
+        reporter.metrics(metrics, step=metrics["train_instances"])
+    return metrics
+
+
+@hookimpl
+def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
+    from kspipe.inference import export
+
+    return export(cfg, dirname, programs.infer, programs.infer_feeds, [programs.infer_pred],
+                  executor, programs.export_scope or scope)

@@ -1,0 +1,141 @@
+"""Stage ``dataset``: MultiSlot files described by a DataFeedDesc (``stages.dataset=datafeed``).
+
+``datafeed.desc`` names the DataFeedDesc text file and ``datafeed.train_files`` /
+``datafeed.test_files`` the files (a folder, a glob or a list); left null, they are the
+generated click-through set (:mod:`kspipe.ctr_data`).  Each worker takes its share of the
+training files (``role.split_files``) and checks them before training: a malformed line,
+a value of the wrong type, a missing file or an empty list is one clear error naming the
+file and line, never an abort inside Paddle's C++ reader.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from kspipe import hookimpl
+from kspipe.datafeed import generated
+from kspipe.datafeed.desc import DataFeedDesc
+from kspipe.datafeed.files import FileCounts, parse_line, resolve_files, scan_files
+from kspipe.errors import ConfigError, DataError, check_integer
+from kspipe.reporting import say
+
+DATASETS = ("queue", "in_memory")
+
+
+@dataclass
+class FileDataset:
+    """What the ``program`` and ``execute`` stages need to know of the files."""
+
+    desc: DataFeedDesc
+    label: str
+    dense_width: dict  # dense slot name -> values per instance
+    train_files: list = field(default_factory=list)  # this worker's share
+    test_files: list = field(default_factory=list)
+    train_counts: FileCounts | None = None
+    test_counts: FileCounts | None = None
+    threads: int = 1
+    kind: str = "queue"
+
+    @property
+    def batch_size(self) -> int:
+        return self.desc.batch_size
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.dataset != "datafeed":
+        return
+    d = cfg.datafeed
+    if d.dataset not in DATASETS:
+        raise ConfigError(f"datafeed.dataset={d.dataset!r} must be one of {', '.join(DATASETS)}")
+    if (d.desc is None) != (d.train_files is None):
+        raise ConfigError("datafeed.desc and datafeed.train_files go together: set both (and "
+                          "datafeed.test_files), or neither for the generated data set")
+    check_integer(d.threads, "datafeed.threads", 1)
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    d = cfg.datafeed
+    built = generated.cached(cfg) if d.desc is None else None
+    desc = DataFeedDesc(d.desc or os.path.join(built, generated.DESC_NAME))
+    if d.batch_size is not None:
+        desc.set_batch_size(d.batch_size)
+    elif desc.batch_size < 1:
+        raise ConfigError(f"{desc.path} sets no batch_size; set datafeed.batch_size")
+    if d.dense_slots:
+        desc.set_dense_slots(list(d.dense_slots))
+    if d.use_slots:
+        desc.set_use_slots(list(d.use_slots))
+    label = check_label(desc, d.label)
+    train = resolve_files(os.path.join(built, "train") if built else d.train_files,
+                          "datafeed.train_files")
+    test = resolve_files(os.path.join(built, "test") if built else d.test_files,
+                         "datafeed.test_files")
+    dataset = FileDataset(desc, label, dense_widths(desc, train), kind=d.dataset)
+    if role.is_server():  # servers need the slots' shapes only
+        return dataset
+    if len(train) < role.worker_num():
+        raise DataError(f"{len(train)} training file(s) for {role.worker_num()} workers: each "
+                        f"worker reads whole files, so give at least one file per worker")
+    dataset.train_files = role.split_files(train)
+    dataset.test_files = test
+    if d.validate:
+        size = sum(os.path.getsize(p) for p in dataset.train_files) / 2**20
+        say(f"checking {len(dataset.train_files)} training file(s) ({size:.1f} MiB) "
+                     f"line by line (datafeed.validate=false skips this)")
+    dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate, label=label)
+    if role.is_first_worker():  # it evaluates
+        dataset.test_counts = scan_files(test, desc, check=d.validate, label=label)
+    dataset.threads = reader_threads(d.threads, len(dataset.train_files))
+    return dataset
+
+
+def check_label(desc: DataFeedDesc, name: str) -> str:
+    slots = {s.name: s for s in desc.slots}
+    if name not in slots:
+        raise ConfigError(f"datafeed.label={name!r}: {desc.path} has no such slot "
+                          f"(slots: {', '.join(slots)})")
+    slot = slots[name]
+    if not slot.is_used:
+        raise ConfigError(f"datafeed.label={name!r}: the slot is not used (is_used: false)")
+    if slot.type != "uint64":
+        raise ConfigError(f"datafeed.label={name!r}: a label slot holds 0/1 as uint64, "
+                          f"not {slot.type}")
+    if len([s for s in desc.used_slots if s.name != name]) == 0:
+        raise ConfigError(f"{desc.path}: no used slot besides the label {name!r}")
+    return name
+
+
+def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
+    """Each dense slot's width: declared in the desc (``shape``), else from the first line."""
+    widths = {}
+    for slot in desc.slots:
+        dims = [d for d in slot.shape if d > 0]
+        if slot.is_dense and dims:
+            width = 1
+            for d in dims:
+                width *= d
+            widths[slot.name] = width
+    if all(not s.is_dense or s.name in widths for s in desc.slots):
+        return widths
+    try:
+        with open(files[0]) as f:
+            first = next((line for line in f if line.strip()), None)
+    except OSError as err:
+        raise DataError(f"cannot read {files[0]}: {err.strerror}") from err
+    if first is None:
+        raise DataError(f"{files[0]} is empty: cannot tell the width of the dense slots; "
+                        f"declare it in the desc (shape: -1 shape: N)")
+    parse_line(first, desc.slots, widths, files[0], 1)
+    return widths
+
+
+def reader_threads(threads: int, files: int) -> int:
+    """Reader threads: each reads whole files, so at most this worker's file count."""
+    if threads > files:
+        say(f"datafeed.threads={threads} but this worker has {files} file(s); "
+                     f"each thread reads whole files, so {files} thread(s) will run")
+        return files
+    return threads

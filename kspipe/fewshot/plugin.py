@@ -1,0 +1,62 @@
+"""Stage ``dataset``: the Open_KS few-shot data sets (Omniglot and mini-ImageNet layouts)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from kspipe import hookimpl
+from kspipe.fewshot import kanji
+from kspipe.fewshot.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
+                         read_omniglot, verify_images)
+from kspipe.errors import ConfigError, DataError
+
+KINDS = {"omniglot": (28, 1), "miniimagenet": (84, 3)}
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    data = cfg.dataset
+    if data.name not in KINDS:
+        raise ConfigError(f"dataset.name={data.name!r} is not one of {', '.join(KINDS)}")
+    default_size, channels = KINDS[data.name]
+    size = data.image_size or default_size
+    if role.is_server():  # a parameter server needs the image shape, not the images
+        return FewShotDataset(name=data.name, train=[], val=[], test=[],
+                              image_shape=(size, size, channels))
+    root = data.root
+    if root is None:
+        if data.name != "omniglot":
+            raise ConfigError(f"dataset.name={data.name} has no embedded data set: "
+                              f"set dataset.root to its folder")
+        embedded = data.embedded
+        root = str(kanji.ensure(
+            characters=embedded.characters, drawers=embedded.drawers, size=size,
+            seed=embedded.seed, cache_dir=embedded.cache_dir,
+            progress=_build_progress, say=_say))
+    root = os.path.abspath(os.path.expanduser(str(root)))
+    if os.path.isdir(os.path.join(root, "train")):
+        kind = Open_KS_Character if data.name == "omniglot" else Open_KS_ImageNet
+        cache: dict = {}
+        train, val, test = Open_KS_read(kind, cache=cache, size=size).read_dataset(root)
+    elif data.name == "omniglot":
+        train, val, test = read_omniglot(root, data.train_characters, seed=cfg.seed, size=size,
+                                         augment=data.augment)
+    else:
+        if not os.path.exists(root):
+            raise DataError(f"data folder {root} does not exist")
+        raise DataError(f"data folder {root} has no 'train' folder "
+                        f"(expected train/, val/, test/ of class folders)")
+    if data.verify:
+        verify_images(train, val, test)
+    return FewShotDataset(name=data.name, train=train, val=val, test=test,
+                          image_shape=(size, size, channels), root=root)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _build_progress(done: int, total: int) -> None:
+    if done == total or done % max(1, total // 10) == 0:
+        _say(f"kspipe: drawing characters {done}/{total}")

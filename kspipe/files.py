@@ -1,0 +1,47 @@
+"""Where kspipe keeps files between runs, and how it builds them without half-written
+results: one cache-folder rule and one atomic build for every generated data set."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CACHE_ENV = "KSPIPE_CACHE_DIR"
+
+
+def cache_dir(override: str | None = None) -> Path:
+    """The cache folder: ``override``, else ``$KSPIPE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kspipe``, else ``~/.cache/kspipe``."""
+    if override:
+        return Path(os.path.expanduser(str(override)))
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "kspipe"
+
+
+def atomic_build(final: Path | str, build, done_marker: str) -> Path:
+    """Build a folder at ``final`` with ``build(tmp_folder)``, all or nothing.
+
+    The build writes into a temporary folder beside ``final`` that is renamed into place
+    at the end, so a process that dies leaves no half-built folder, and two processes
+    building the same folder at once both end with one complete copy.  ``final`` counts
+    as built once ``final/done_marker`` exists.
+    """
+    final = Path(final)
+    if (final / done_marker).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{final.name}-building-", dir=final.parent))
+    try:
+        build(building)
+        try:
+            os.rename(building, final)
+        except OSError:  # another process finished the same build first
+            if not (final / done_marker).exists():
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return final

@@ -1,0 +1,233 @@
+"""The parameter servers' exchange: one strategy exchange for every workload.
+
+Paddle 2.6.2's own parameter-server strategies cannot be used from ``exe.run``: async
+never pulls dense parameters back, sync crashes in ``SendBarrierOp`` and geo sends no
+dense parameters.  So kspipe drives the exchange itself over the servers' tables:
+
+* :class:`ParameterExchange` moves dense parameters: a one-op "meta program",
+  ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
+  ``g`` makes the servers do ``theta -= g``;
+* :class:`StrategyExchange` is the strategies over it.  After each local update a worker
+  pushes the change it made since it last took the servers' parameters and takes them
+  back:
+
+  - ``async``: the change as it is, applied as it arrives; with ``cluster.wait_push`` the
+    worker waits until its push is sent (``client_flush``, about 100 ms on Paddle 2.6.2:
+    its client polls its queue every 100 ms) before pulling, else the pull may miss it;
+  - ``sync``: the change / workers, sent, then a barrier of all workers before the pull:
+    every worker starts its next step from the same parameters, moved by the mean change;
+  - ``geo``: updates stay local; every ``k_steps`` updates the change / workers is pushed
+    and the merged parameters pulled (geo-SGD, scaled as Paddle's geo communicator does).
+
+A workload reaches this through its role (``parameter_sync``, ``distributed_optimizer``),
+never by importing it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kspipe.errors import ConfigError
+from kspipe.modes.role import ParameterSync, read_vars, write_vars
+
+STRATEGIES = ("sync", "async", "geo")
+META_GRAD = "_meta_grad"
+
+
+def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> None:
+    """The one check of a parameter-server strategy (config and OpenKS API alike)."""
+    if strategy == "half_async":
+        raise ConfigError(f"{what}=half_async: Paddle 2.6.2's fleet parameter server has no "
+                          f"half-async mode (its DistributedStrategy selects only sync, async "
+                          f"or geo); use async")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"{what}={strategy!r} is not one of "
+                          f"{', '.join(STRATEGIES + ('half_async',))}")
+    if strategy == "geo" and (isinstance(k_steps, bool) or not isinstance(k_steps, int)
+                              or k_steps < 1):
+        raise ConfigError(f"cluster.k_steps={k_steps!r} must be at least 1 for geo")
+
+
+class ParameterExchange:
+    """Moves dense parameters between a worker and the servers.
+
+    The meta program lives in a scope of its own, the worker's view of the servers'
+    parameters, so the model's programs are never transpiled.  Build it in every role
+    (servers take their tables from it).
+    """
+
+    def __init__(self, shapes: dict):
+        import paddle
+        import paddle.distributed.fleet as fleet
+
+        self.names = list(shapes)
+        self.fleet = fleet
+        self.scope = paddle.static.Scope()
+        self.runtime = None
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+            terms = []
+            for name, shape in shapes.items():
+                theta = paddle.static.create_parameter(
+                    list(shape), "float32", name=name,
+                    default_initializer=paddle.nn.initializer.Constant(0.0))
+                grad = paddle.static.data(name + META_GRAD, list(shape), "float32")
+                terms.append(paddle.sum(paddle.multiply(theta, grad)))
+            loss = paddle.add_n(terms)
+            strategy = fleet.DistributedStrategy()
+            strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
+            strategy.a_sync_configs = {"k_steps": 0}
+            fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0),
+                                        strategy).minimize(loss)
+            self.program = loss.block.program
+            self.startup = paddle.static.default_startup_program()
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+
+    def connect(self, values: dict) -> dict:
+        """Meet the servers with worker 0's ``values``; return the servers' parameters."""
+        import paddle
+
+        self.exe.run(self.startup, scope=self.scope)
+        write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        with paddle.static.scope_guard(self.scope):
+            self.fleet.init_worker(scopes=[self.scope])
+        self.runtime = self.fleet.fleet._runtime_handle
+        return self.get()
+
+    def push(self, grads: dict, wait: bool = True) -> None:
+        """The servers do ``theta -= grads``; with ``wait``, return once it is sent."""
+        feed = {name + META_GRAD: np.asarray(g, np.float32) for name, g in grads.items()}
+        self.exe.run(self.program, feed=feed, scope=self.scope)
+        if wait:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait until every push has been sent."""
+        self.runtime._worker.client_flush()
+
+    def pull(self) -> dict:
+        """The servers' parameters."""
+        pull_all_dense(self.fleet)
+        return self.get()
+
+    def get(self) -> dict:
+        """The parameters as last pulled (or pushed from)."""
+        return read_vars(self.scope, self.names)
+
+    def close(self, first: bool) -> None:
+        """Leave the servers; the first worker (after the others) stops them."""
+        if self.runtime is None:
+            return
+        if first:
+            self.runtime._worker.stop_server()
+        self.fleet.stop_worker()
+        self.runtime = None
+
+
+def pull_all_dense(fleet) -> None:
+    """Copy every dense table from the servers into the worker's scopes (fleet.init_worker's)."""
+    from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+    rt = fleet.fleet._runtime_handle
+    dense = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
+    rt._pull_all_dense(rt.scopes, rt._send_ctx, dense)
+
+
+class StrategyExchange(ParameterSync):
+    """A worker's side of the strategy over a :class:`ParameterExchange`."""
+
+    changes_parameters = True
+
+    def __init__(self, role, shapes: dict, strategy: str, k_steps: int = 1,
+                 wait_push: bool = True):
+        check_strategy(strategy, k_steps)
+        self.role = role
+        self.names = list(shapes)
+        self.exchange = ParameterExchange(shapes)
+        self.strategy, self.k_steps, self.wait_push = strategy, k_steps, wait_push
+        self.scope = None
+        self.steps = 0  # updates since the last exchange
+
+    def connect(self, scope) -> None:
+        """Worker 0's parameters become the servers'; every worker takes them."""
+        self.scope = scope
+        write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
+
+    def step(self, scope=None, values: dict | None = None) -> None:
+        """After a local update (the parameters in ``scope``, or ``values``): exchange."""
+        if self.exchange.runtime is None:
+            return
+        scope = scope or self.scope
+        current = values if values is not None else read_vars(scope, self.names)
+        self.steps += 1
+        if self.strategy == "geo" and self.steps < self.k_steps:
+            return
+        self._exchange(scope, current)
+
+    def _exchange(self, scope, current: dict) -> None:
+        last = self.exchange.get()
+        scale = 1.0 if self.strategy == "async" else 1.0 / self.role.worker_num()
+        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.names},
+                           wait=self.strategy != "async" or self.wait_push)
+        if self.strategy == "sync":
+            self.role.barrier_worker()
+        write_vars(scope, self.exchange.pull())
+        self.steps = 0
+
+    def finish(self, scope) -> None:
+        """Send what is still local, wait for every worker, take the final parameters."""
+        if self.exchange.runtime is None:
+            return
+        if self.strategy == "geo" and self.steps:
+            self._exchange(scope, read_vars(scope, self.names))
+        self.exchange.flush()
+        self.role.barrier_worker()
+        write_vars(scope, self.exchange.pull())
+
+    def refresh(self, scope) -> None:
+        if self.exchange.runtime is not None:
+            self.exchange.flush()
+            write_vars(scope, self.exchange.pull())
+
+    def close(self, clean: bool = True) -> None:
+        if clean and self.exchange.runtime is not None:
+            self.role.barrier_worker()  # the first worker stops the servers after the rest
+        self.exchange.close(self.role.is_first_worker())
+
+
+class ExchangingOptimizer:
+    """An optimiser that steps locally, then exchanges through a :class:`StrategyExchange`.
+
+    ``minimize(loss)`` adds the inner optimiser's ops, then a ``py_func`` op at the end of
+    the program that hands the updated parameters to the exchange, so every ``exe.run``
+    of the program is one step of the strategy.
+    """
+
+    def __init__(self, role, optimizer, cfg_cluster: dict):
+        self._role, self._inner, self._cluster = role, optimizer, cfg_cluster
+        self.sync = None
+
+    def backward(self, loss, startup_program=None, parameter_list=None, no_grad_set=None,
+                 callbacks=None):
+        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set,
+                                    callbacks)
+
+    def apply_gradients(self, params_grads):
+        import paddle
+
+        ops = self._inner.apply_gradients(params_grads)
+        params = [p for p, _ in params_grads]
+        names = [p.name for p in params]
+        self.sync = self._role.parameter_sync({p.name: list(p.shape) for p in params},
+                                              **self._cluster)
+
+        def after_step(*values):
+            self.sync.step(values=dict(zip(names, (np.array(v) for v in values))))
+
+        with params[0].block.program._optimized_guard([]):  # a for_test clone drops it
+            paddle.static.py_func(after_step, x=params, out=None)
+        return ops
+
+    def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+        params_grads = self.backward(loss, startup_program, parameter_list, no_grad_set)
+        return self.apply_gradients(params_grads), params_grads

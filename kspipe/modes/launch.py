@@ -1,0 +1,365 @@
+"""Starting and watching the processes of a cluster (or of one host's part of it).
+
+:func:`launch_plan` is the one builder of a job's processes (used by ``mode=pserver``,
+``mode=collective``, isolated local runs and ``kspipe-launch``): their roles, endpoints
+and environment, with this host's ports checked.  :class:`Cluster` starts and watches them.
+
+kspipe starts every role itself with Paddle's environment contract (``TRAINING_ROLE``,
+``PADDLE_TRAINER_ID``, ``PADDLE_PSERVERS_IP_PORT_LIST``, ...), so a scheduler that sets
+those variables can start the same roles without kspipe's launcher.  Each role writes
+``<run_dir>/logs/<role>.<index>.log``.  Paddle's own launcher exits 0 even when workers
+crash; this one watches every process and, as soon as one fails, stops the rest and
+names the failed role and its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from kspipe.errors import ClusterError, ConfigError, check_integer
+
+JOB_FILE = "job.yaml"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+STOP_GRACE_S = 5.0
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that are free on ``host`` right now."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def check_port_free(host: str, port: int) -> None:
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+    except OSError as err:
+        raise ConfigError(f"port {host}:{port} is not free: {err.strerror}") from err
+    finally:
+        s.close()
+
+
+def parse_endpoints(value, key: str) -> list[str] | None:
+    """An endpoint list ``host:port,...`` from the config, or None for a count."""
+    if isinstance(value, int) or value is None:
+        return None
+    endpoints = [e.strip() for e in str(value).split(",") if e.strip()]
+    if not endpoints:
+        raise ConfigError(f"{key}={value!r} is neither a count nor a host:port list")
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}: {endpoint!r} is not host:port")
+    if len(set(endpoints)) != len(endpoints):
+        raise ConfigError(f"{key}: an endpoint appears twice in {value}")
+    return endpoints
+
+
+@dataclass
+class Process:
+    role: str  # "server" or "worker"
+    index: int
+    popen: subprocess.Popen
+    log: str
+    threads: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
+
+
+class Cluster:
+    """The processes of one job on this host; started together, stopped together."""
+
+    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None):
+        self.run_dir = run_dir
+        self.log_dir = log_dir or os.path.join(run_dir, "logs")
+        self.processes: list[Process] = []
+        self.echo_first_worker = echo_first_worker
+
+    def start(self, role: str, index: int, env: dict, command: list[str] | None = None,
+              cwd: str | None = None) -> Process:
+        """Start one role: ``command`` (default: the job's stages, ``kspipe.worker``), in
+        ``cwd`` (default: the run folder, so nothing a process writes lands elsewhere)."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        log_path = os.path.join(self.log_dir, f"{role}.{index}.log")
+        log = open(log_path, "w", buffering=1)
+        cmd = command or [sys.executable, "-u", "-m", "kspipe.worker",
+                          os.path.join(self.run_dir, JOB_FILE)]
+        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                                 cwd=cwd or self.run_dir)
+        process = Process(role, index, popen, log_path)
+        echo = self.echo_first_worker if (role == "worker" and index == 0) else False
+        thread = threading.Thread(target=_copy_output, args=(popen.stdout, log, echo), daemon=True)
+        thread.start()
+        process.threads.append(thread)
+        self.processes.append(process)
+        return process
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.2) -> None:
+        """Return when every worker exited 0 (servers are then stopped); raise on a failure."""
+        started = time.monotonic()
+        while True:
+            for p in self.processes:
+                code = p.popen.poll()
+                if code not in (None, 0):
+                    self.stop()
+                    raise ClusterError(f"{p.name} {_describe_exit(code)}; its log: {p.log}"
+                                       f"{_last_line(p.log)}")
+            workers = [p for p in self.processes if p.role == "worker"]
+            if workers and all(p.popen.poll() == 0 for p in workers):
+                self._finish_servers()
+                return
+            if not workers and all(p.popen.poll() == 0 for p in self.processes):
+                return
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                self.stop()
+                raise ClusterError(f"the cluster did not finish within cluster.timeout_s="
+                                   f"{timeout_s:g} s; logs in {self.log_dir}")
+            time.sleep(poll_s)
+
+    def _finish_servers(self, grace_s: float = 30.0) -> None:
+        """Servers stop when the first worker asks them to; wait, then make sure."""
+        deadline = time.monotonic() + grace_s
+        for p in self.processes:
+            if p.role == "server":
+                while p.popen.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        self.stop()
+
+    def stop(self) -> None:
+        """Terminate every process still running (and its children); kill after a grace."""
+        for p in self.processes:
+            if p.popen.poll() is None:
+                _signal_group(p.popen, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in self.processes:
+            while p.popen.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if p.popen.poll() is None:
+                _signal_group(p.popen, signal.SIGKILL)
+                p.popen.wait()
+            _signal_group(p.popen, signal.SIGKILL)  # anything it left behind in its group
+            for thread in p.threads:
+                thread.join(timeout=2)
+
+
+def _signal_group(popen, sig) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# What of the first worker's output the console shows: kspipe's own lines, not Paddle's.
+#: What the first worker's output shows on the launcher's terminal: its messages and
+#: progress lines, but not its error line, which the launcher's own error repeats.
+_ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
+
+
+def _copy_output(stream, log, echo: bool) -> None:
+    with log:
+        for line in stream:
+            log.write(line)
+            if echo is True and _ECHOED.match(line) or echo == "all":
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _last_line(path: str) -> str:
+    """The log's last error line, to show beside the failure."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith("kspipe: error:") or "Error" in line:
+            return f" ({line[:300]})"
+    return ""
+
+
+def error_line(path: str) -> str | None:
+    """The message of the last ``kspipe: error:`` line of a role's log, if any."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith("kspipe: error:")]
+    except OSError:
+        return None
+    return lines[-1][len("kspipe: error:"):].strip() if lines else None
+
+
+def run_cluster(cfg, reporter, plan: list["Planned"], description: str) -> dict:
+    """Start the processes of ``plan``, wait, return the job's metrics.
+
+    The processes run the stages from ``<run_dir>/job.yaml``; the first worker writes
+    ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts, also when the
+    job fails.
+    """
+    run_dir = reporter.run_dir
+    write_job(cfg, run_dir)
+    cluster = Cluster(run_dir)
+    reporter.say(f"starting {description}; logs in {cluster.log_dir}")
+    try:
+        for p in plan:
+            cluster.start(p.role, p.index, p.env)
+        cluster.wait(cfg.cluster.timeout_s)
+    finally:
+        cluster.stop()
+        reporter.artifact(cluster.log_dir, "logs")
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        raise ClusterError(f"the job ended without results; logs in {cluster.log_dir}")
+    with open(path) as f:
+        return json.load(f)
+
+
+# --- the launch plan ---------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    """One process of a job: its role, index, endpoint and environment."""
+
+    role: str  # "server" or "worker"
+    index: int
+    endpoint: str
+    env: dict
+
+
+def launch_plan(kind: str, workers, servers=None, host: str | None = None,
+                meeting_dir: str | None = None, threads: int | None = None,
+                devices: list[int] | None = None, log_dir: str | None = None) -> list[Planned]:
+    """The processes this host starts for a ``kind`` ("pserver" or "collective") job.
+
+    ``workers`` and ``servers`` are counts (free ports on 127.0.0.1 are taken) or
+    ``host:port`` lists (a job across hosts; ``host`` names this one when they name
+    several).  Each process gets Paddle's environment contract (``TRAINING_ROLE``,
+    ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...), so a scheduler that sets the
+    same variables can start the roles without kspipe, and ``OMP_NUM_THREADS`` so this
+    host's workers share its cores (``threads`` each, default cores / local workers).
+    The ports of this host's processes are checked free.
+    """
+    worker_eps = endpoints(workers, "workers")
+    server_eps = endpoints(servers, "servers") if kind == "pserver" else []
+    everyone = server_eps + worker_eps
+    here = this_host(host, everyone)
+    local = [(role, i, e) for role, eps in (("server", server_eps), ("worker", worker_eps))
+             for i, e in enumerate(eps) if e.rpartition(":")[0] == here]
+    if not local:
+        raise ConfigError(f"no server or worker endpoint is on cluster.host={here}")
+    for _, _, endpoint in local:
+        address, _, port = endpoint.rpartition(":")
+        check_port_free(address, int(port))
+    local_workers = sum(1 for role, _, _ in local if role == "worker")
+    threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+    base = dict(os.environ, GLOG_minloglevel="2",
+                PADDLE_TRAINER_ENDPOINTS=",".join(worker_eps),
+                PADDLE_TRAINERS_NUM=str(len(worker_eps)))
+    if kind == "pserver":
+        base.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
+                    PADDLE_PSERVER_NUMS=str(len(server_eps)), POD_IP=here,
+                    **fleet_gloo_env(meeting_dir, everyone))
+    else:
+        base[GLOO_ENDPOINT_ENV] = gloo_endpoint(workers, worker_eps)
+    if log_dir:
+        base[LOG_DIR_ENV] = log_dir
+    plan = []
+    for role, index, endpoint in local:
+        env = dict(base, PADDLE_PORT=endpoint.rpartition(":")[2],
+                   OMP_NUM_THREADS=str(1 if role == "server" else threads))
+        if kind == "pserver":
+            env.update(TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
+                       PADDLE_TRAINER_ID=str(index if role == "worker" else 0))
+        else:
+            env.update(PADDLE_TRAINER_ID=str(index), PADDLE_CURRENT_ENDPOINT=endpoint)
+            if devices:
+                env["FLAGS_selected_gpus"] = str(devices[index % len(devices)])
+        plan.append(Planned(role, index, endpoint, env))
+    return plan
+
+
+#: Where a collective job's workers meet to set up gloo (worker 0 serves it).
+GLOO_ENDPOINT_ENV = "KSPIPE_GLOO_ENDPOINT"
+#: The job's log folder, where a process puts the files Paddle would leave elsewhere.
+LOG_DIR_ENV = "KSPIPE_LOG_DIR"
+
+
+def gloo_endpoint(workers, worker_eps: list[str]) -> str:
+    """A free port beside worker 0 on one host; across hosts, worker 0's port + 1."""
+    host, _, port = worker_eps[0].rpartition(":")
+    if parse_endpoints(workers, "workers") is None:
+        return f"{host}:{free_ports(1, host)[0]}"
+    return f"{host}:{int(port) + 1}"
+
+
+def fleet_gloo_env(meeting_dir: str | None, endpoints: list[str]) -> dict:
+    """Where a parameter-server job's processes meet for fleet's gloo: a fresh folder on
+    one host, else HTTP beside the first endpoint (its port + 1)."""
+    if meeting_dir and all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
+        shutil.rmtree(meeting_dir, ignore_errors=True)  # an earlier job's addresses are stale
+        return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "2",
+                "PADDLE_GLOO_FS_PATH": meeting_dir}
+    host, _, port = endpoints[0].rpartition(":")
+    return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "3",
+            "PADDLE_GLOO_HTTP_ENDPOINT": f"{host}:{int(port) + 1}"}
+
+
+def endpoints(value, key: str) -> list[str]:
+    """The endpoints ``value`` lists, or that many free ports on 127.0.0.1."""
+    listed = parse_endpoints(value, key)
+    if listed is not None:
+        return listed
+    check_integer(value, key, 1)
+    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
+
+
+def this_host(host: str | None, endpoints: list[str]) -> str:
+    """The host whose roles this command starts."""
+    hosts = {e.rpartition(":")[0] for e in endpoints}
+    host = host or (hosts.pop() if len(hosts) == 1 else None)
+    if host is None:
+        raise ConfigError("the endpoints name several hosts: set cluster.host to this "
+                          "host's address, and run the same command on each host")
+    return host
+
+
+def write_job(cfg, run_dir: str) -> str:
+    """Write the resolved config every role of the job runs."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, JOB_FILE)
+    job = OmegaConf.to_container(cfg, resolve=True)
+    job["run_dir"] = run_dir
+    OmegaConf.save(OmegaConf.create(job), path)
+    return path

@@ -1,0 +1,47 @@
+"""Mode ``local``: one process is the only worker (stage ``role``).
+
+With ``isolate`` (the default in a sweep) the command starts that process as a child of
+its own and watches it, so nothing a job leaves in its Paddle process (the dataset
+trainer's thread pool, global flags, math threads) reaches the sweep's next job.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kspipe import hookimpl
+from kspipe.errors import ClusterError, KspipeError
+from kspipe.modes.launch import Planned, error_line, run_cluster
+from kspipe.modes.role import Role
+
+
+@hookimpl
+def kspipe_assign_role(cfg):
+    if cfg.get("isolate"):
+        return IsolatedLauncher(cfg)
+    return Role()
+
+
+class IsolatedLauncher(Role):
+    """Runs the local job in one child process (``python -m kspipe.worker``)."""
+
+    is_launcher = True
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def launch(self, reporter) -> dict:
+        from omegaconf import OmegaConf, open_dict
+
+        child = OmegaConf.create(OmegaConf.to_container(self.cfg, resolve=True))
+        with open_dict(child):
+            child.isolate = False
+        try:
+            return run_cluster(child, reporter, [Planned("worker", 0, "", dict(os.environ))],
+                               "the job in a process of its own")
+        except ClusterError as err:
+            message = error_line(os.path.join(reporter.run_dir, "logs", "worker.0.log"))
+            if message:  # the job's own one-line error, as a run in this process gives it
+                raise KspipeError(message) from err
+            raise

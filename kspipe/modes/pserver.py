@@ -1,0 +1,199 @@
+"""Mode ``pserver``: parameter servers (Paddle fleet's the_one_ps, brpc) for any workload.
+
+Started without ``TRAINING_ROLE`` in the environment, the role stage is a launcher: it
+starts ``servers`` server and ``workers`` worker processes (``python -m kspipe.worker``,
+each playing its role) and watches them.  In a server or worker process the role is a
+:class:`PserverRole`, which distributes the workload's training:
+
+* ``distributed_optimizer(opt)``: the optimiser steps on the worker, then the strategy's
+  exchange (:mod:`kspipe.modes.exchange`) sends the change to the servers and takes the
+  servers' parameters back; for a workload that trains with ``train_from_dataset`` it is
+  fleet's own async transpiling instead (the device worker pulls and pushes every batch,
+  embedding lookups go to the servers' sparse tables);
+* ``parameter_sync(shapes)``: the same exchange for a workload's own updates (Reptile's
+  meta step);
+* ``embedding``: a ``sparse_embedding`` table on the servers;
+* ``run_server``: the one server loop; every workload's servers run it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kspipe import hookimpl
+from kspipe.errors import ConfigError
+from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
+    pull_all_dense
+from kspipe.modes.launch import launch_plan, run_cluster
+from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.role == "pserver":
+        check_strategy(cfg.cluster.strategy, cfg.cluster.k_steps)
+
+
+@hookimpl
+def kspipe_assign_role(cfg):
+    if os.environ.get("TRAINING_ROLE"):
+        return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
+                                wait_push=cfg.cluster.wait_push))
+    return PserverLauncher(cfg)
+
+
+class PserverRole(Role):
+    """This process's role in a parameter-server job, read from Paddle's environment."""
+
+    mode = "pserver"
+
+    def __init__(self, cluster: dict | None = None):
+        super().__init__()
+        import paddle
+        import paddle.distributed.fleet as fleet
+
+        paddle.enable_static()
+        self.fleet = fleet
+        self.cluster = cluster or {"strategy": "async"}
+        fleet.init(fleet.PaddleCloudRoleMaker(is_collective=False))
+
+    # who am I
+    def is_worker(self):
+        return self.fleet.is_worker()
+
+    def is_server(self):
+        return self.fleet.is_server()
+
+    def worker_num(self):
+        return self.fleet.worker_num()
+
+    def worker_index(self):
+        return self.fleet.worker_index() if self.is_worker() else -1
+
+    def server_index(self):
+        return self.fleet.server_index() if self.is_server() else -1
+
+    def get_trainer_endpoints(self):
+        return list(self.fleet.worker_endpoints())
+
+    def get_pserver_endpoints(self):
+        return list(self.fleet.server_endpoints())
+
+    # the workers' collectives, through fleet's gloo
+    def all_gather(self, value) -> list:
+        return list(self.fleet.util.all_gather(value, comm_world="worker"))
+
+    def all_reduce_worker(self, input, output, mode: str = "sum") -> None:
+        import numpy as np
+
+        check_reduce_mode(mode)
+        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
+        np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
+
+    def barrier_worker(self) -> None:
+        self.fleet.util.barrier("worker")
+
+    def barrier_all(self) -> None:
+        self.fleet.util.barrier("worker")  # servers sit in run_server: workers are "all"
+
+    # distribution
+    def refuses(self, needs, cfg) -> str | None:
+        strategy = self.cluster["strategy"]
+        if "dataset_training" in needs and strategy != "async":
+            return (f"cluster.strategy={strategy}: training with train_from_dataset runs on "
+                    f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
+                    f"send_barrier and its geo mode sends no dense parameters)")
+        if "resume_tables" in needs:
+            return ("resume: the servers' embedding tables and their optimiser state are "
+                    "not checkpointed; resume in mode=local")
+        return None
+
+    def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
+        if feeding == "dataset":
+            return self._register(FleetTables(self, optimizer))
+        return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))
+
+    def parameter_sync(self, shapes: dict, strategy: str | None = None, k_steps: int | None = None,
+                       wait_push: bool | None = None) -> ParameterSync:
+        c = self.cluster
+        return self._register(StrategyExchange(
+            self, shapes, strategy or c["strategy"], k_steps or c.get("k_steps", 1),
+            c.get("wait_push", True) if wait_push is None else wait_push))
+
+    def embedding(self, ids, size, param_attr):
+        import paddle
+
+        return paddle.static.nn.sparse_embedding(ids, size=size, param_attr=param_attr)
+
+    def run_server(self, reporter) -> None:
+        """The one server loop: serve the tables the compile stage defined until stopped."""
+        self.fleet.init_server()
+        reporter.say(f"server {self.server_index()} ready")
+        self.fleet.run_server()
+
+
+class FleetTables(ParameterSync):
+    """Fleet's own async transpiling, for workloads trained with ``train_from_dataset``."""
+
+    def __init__(self, role, optimizer):
+        self.role, self._inner = role, optimizer
+        self.connected = False
+
+    def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+        import paddle
+
+        strategy = self.role.fleet.DistributedStrategy()
+        strategy.a_sync = True
+        result = self.role.fleet.distributed_optimizer(self._inner, strategy).minimize(loss)
+        self.program = loss.block.program  # fleet's rewritten worker program
+        self.startup = paddle.static.default_startup_program()
+        return result
+
+    def connect(self, scope) -> None:
+        import paddle
+
+        with paddle.static.scope_guard(scope):
+            self.role.fleet.init_worker(scopes=[scope])
+        self.connected = True
+
+    def finish(self, scope) -> None:
+        self.role.barrier_worker()  # every push is in: the servers hold the final model
+        pull_all_dense(self.role.fleet)
+
+    def close(self, clean: bool = True) -> None:
+        if not self.connected:
+            return
+        if clean:
+            self.role.barrier_worker()
+        if self.role.is_first_worker():
+            self.role.fleet.fleet._runtime_handle._worker.stop_server()
+        self.role.fleet.stop_worker()
+        self.connected = False
+
+
+class PserverLauncher(Role):
+    """Starts this host's servers and workers of the job and watches them."""
+
+    mode = "pserver"
+    is_launcher = True
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.cluster = {"strategy": cfg.cluster.strategy}
+
+    def refuses(self, needs, cfg) -> str | None:
+        return PserverRole.refuses(self, needs, cfg)
+
+    def launch(self, reporter) -> dict:
+        cfg = self.cfg
+        plan = launch_plan("pserver", cfg.workers, cfg.servers, cfg.cluster.host,
+                           meeting_dir=os.path.join(reporter.run_dir, "gloo"),
+                           threads=cfg.cluster.threads,
+                           log_dir=os.path.join(reporter.run_dir, "logs"))
+        servers = sum(1 for p in plan if p.role == "server")
+        workers = len(plan) - servers
+        if not servers and not workers:
+            raise ConfigError("nothing to start on this host")
+        return run_cluster(cfg, reporter, plan, f"{servers} server(s) and {workers} worker(s) "
+                           f"({cfg.cluster.strategy})")

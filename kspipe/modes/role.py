@@ -1,0 +1,221 @@
+"""Roles: which part of a job this process plays, and how the mode distributes training.
+
+A :class:`Role` is what a mode gives every workload (the role stage's result).  It is the
+seed's RoleMaker (``is_worker``, ``worker_index``, ``split_files`` ...) and its
+distributed algorithm (``distributed_optimizer``, ``init_worker``, ``stop_worker``,
+``run_server``) in one object, so a workload asks its mode for what it needs and never
+imports a mode's module:
+
+* ``role.distributed_optimizer(optimizer)``: gradient-level data parallelism for any
+  program with an optimiser; its ``minimize(loss)`` writes the mode's exchange into the
+  program (nothing locally, an all-reduce of the gradients collectively, the strategy's
+  exchange with the parameter servers).
+* ``role.parameter_sync(shapes)``: model-level exchange, for workloads that make their own
+  updates (Reptile's meta step): ``step()`` after each local update combines the workers'
+  parameters as the mode does.
+* ``role.embedding(...)``: an embedding table where the mode keeps it (on the servers in
+  ``mode=pserver``).
+* ``role.init_worker(scope)`` once the startup program ran, ``role.finish_training()``
+  when the training loop ends (then every worker holds the final model), and
+  ``role.stop_worker()`` (the pipeline calls it) bracket the training.
+* ``role.refuses(needs)``: the one place a mode says it cannot run a workload, and why.
+
+This base class is ``mode=local``: one process, the only worker, nothing to distribute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kspipe.errors import ConfigError
+
+#: What a workload may need of its mode (see :class:`kspipe.contracts.Workload`).
+NEEDS = {
+    "dataset_training": "trains with Executor.train_from_dataset (C++ reader threads)",
+    "sparse_tables": "keeps embedding tables with sparse updates",
+    "resume_tables": "resumes with its embedding tables from a checkpoint",
+}
+
+
+class Role:
+    """A process's place in a job.  This base class is a one-process job: the only worker.
+
+    The method names follow the seed's ``RoleMakerBase``; distributed modes subclass it.
+    """
+
+    mode = "local"
+    is_launcher = False
+
+    def __init__(self):
+        self._syncs: list = []
+
+    # --- who am I --------------------------------------------------------------------
+
+    def is_worker(self) -> bool:
+        return True
+
+    def is_server(self) -> bool:
+        return False
+
+    def is_first_worker(self) -> bool:
+        return self.is_worker() and self.worker_index() == 0
+
+    def worker_num(self) -> int:
+        return 1
+
+    def worker_index(self) -> int:
+        return 0
+
+    def server_index(self) -> int:
+        return -1
+
+    def get_trainer_endpoints(self) -> list[str]:
+        return []
+
+    def get_pserver_endpoints(self) -> list[str]:
+        return []
+
+    def to_string(self) -> str:
+        kind = "server" if self.is_server() else "worker"
+        index = self.server_index() if self.is_server() else self.worker_index()
+        return (f"role={kind} index={index} worker_num={self.worker_num()} "
+                f"trainer_endpoints={self.get_trainer_endpoints()} "
+                f"pserver_endpoints={self.get_pserver_endpoints()}")
+
+    def place(self):
+        """The Paddle place this role computes on."""
+        import paddle
+
+        return paddle.CPUPlace()
+
+    def split_files(self, files: list) -> list:
+        """This worker's share of ``files``: contiguous blocks, the first ones one longer."""
+        files = list(files)
+        n, i = self.worker_num(), self.worker_index()
+        size, extra = divmod(len(files), n)
+        start = i * size + min(i, extra)
+        return files[start:start + size + (1 if i < extra else 0)]
+
+    # --- the workers' collectives (one process: over itself) -------------------------
+
+    def all_gather(self, value) -> list:
+        return [value]
+
+    def all_reduce_worker(self, input, output, mode: str = "sum") -> None:
+        check_reduce_mode(mode)
+        np.copyto(np.asarray(output), np.asarray(input))
+
+    def barrier_worker(self) -> None:
+        pass
+
+    def barrier_all(self) -> None:
+        pass
+
+    # --- distribution ------------------------------------------------------------------
+
+    def refuses(self, needs, cfg) -> str | None:
+        """Why this mode cannot run a workload that ``needs`` these; None if it can."""
+        return None
+
+    def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
+        """``optimizer``, made to train the job's workers together (here: as it is).
+
+        :param strategy: the mode's options to override (e.g. ``{"strategy": "geo"}``).
+        :param feeding: ``"executor"`` (``exe.run`` steps) or ``"dataset"``
+            (``train_from_dataset``).
+        """
+        return optimizer
+
+    def parameter_sync(self, shapes: dict) -> "ParameterSync":
+        """An exchange of the parameters ``shapes`` names (here: nothing to exchange)."""
+        return self._register(ParameterSync())
+
+    def embedding(self, ids, size, param_attr):
+        """An embedding table of ``size`` rows x width, looked up with ``ids``."""
+        import paddle
+
+        return paddle.static.nn.embedding(ids, size=size, is_sparse=True, param_attr=param_attr)
+
+    def init_worker(self, scope=None) -> None:
+        """After the startup program: meet the other processes; ``scope`` then holds the
+        job's shared starting parameters."""
+        for sync in self._syncs:
+            sync.connect(_scope(scope))
+
+    def finish_training(self, scope=None) -> None:
+        """After the training loop: wait for every worker; ``scope`` then holds the model
+        all of them trained."""
+        for sync in self._syncs:
+            sync.finish(_scope(scope))
+
+    def refresh_parameters(self, scope=None) -> None:
+        """Take the job's current parameters into ``scope`` mid-training (to save them)."""
+        for sync in self._syncs:
+            sync.refresh(_scope(scope))
+
+    def stop_worker(self, clean: bool = True) -> None:
+        """Leave the job (the pipeline calls it at the end of every worker's run).
+
+        ``clean``: the run succeeded, so wait for the other workers to leave too; after a
+        failure leave at once (the launcher stops the rest).
+        """
+        for sync in self._syncs:
+            sync.close(clean)
+        self._syncs.clear()
+
+    def run_server(self, reporter) -> None:
+        raise ConfigError(f"mode={self.mode} has no servers")
+
+    def _register(self, sync):
+        self._syncs.append(sync)
+        return sync
+
+
+class ParameterSync:
+    """How a worker's parameters meet the other workers'.  This one: alone, nothing to do.
+
+    ``step(scope)`` after each local update; modes override ``connect``, ``step``,
+    ``finish`` and ``close``, and set ``changes_parameters``.
+    """
+
+    changes_parameters = False  # whether ``step`` may change the parameters in the scope
+
+    def connect(self, scope) -> None:
+        pass
+
+    def step(self, scope=None) -> None:
+        pass
+
+    def finish(self, scope) -> None:
+        pass
+
+    def refresh(self, scope) -> None:
+        pass
+
+    def close(self, clean: bool = True) -> None:
+        pass
+
+
+def check_reduce_mode(mode: str) -> None:
+    if mode not in ("sum", "min", "max"):
+        raise ValueError(f"all_reduce_worker mode must be sum, min or max, not {mode!r}")
+
+
+def _scope(scope):
+    import paddle
+
+    return scope if scope is not None else paddle.static.global_scope()
+
+
+def read_vars(scope, names) -> dict:
+    """``{name: numpy copy}`` of these variables of ``scope``."""
+    return {n: np.array(scope.find_var(n).get_tensor()) for n in names}
+
+
+def write_vars(scope, values: dict, place=None) -> None:
+    """Set these variables of ``scope`` from numpy arrays (on ``place``, default CPU)."""
+    import paddle
+
+    place = place or paddle.CPUPlace()
+    for name, value in values.items():
+        scope.var(name).get_tensor().set(np.asarray(value), place)

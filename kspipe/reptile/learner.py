@@ -1,0 +1,253 @@
+"""Reptile's training loop over the programs of :mod:`kspipe.reptile.programs`.
+
+One loop for every mode: after each local meta step the mode's ``parameter_sync``
+combines the workers' theta (nothing locally, the servers' strategy, or the mean over
+collective workers).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from kspipe import checkpoint
+from kspipe.fewshot.data import Prefetcher, sample_task
+from kspipe.reptile.programs import inner_batches, meta_step_size
+
+# Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
+TRAIN_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, CURVE_STREAM = 1, 2, 3, 4
+
+
+def nchw(images: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+
+
+class ReptileLearner:
+    """Meta-trains and evaluates one Reptile model inside a Paddle scope."""
+
+    def __init__(self, cfg, dataset, programs, executor, scope, reporter, role=None):
+        self.cfg = cfg
+        self.dataset = dataset
+        self.p = programs
+        self.exe = executor
+        self.scope = scope
+        self.reporter = reporter
+        self.role = role
+        self.tasks_done = 0
+
+    # --- running programs ---------------------------------------------------------
+
+    def run(self, program, feed=None, fetch=()):
+        return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
+
+    def initialize(self) -> None:
+        """Run the startup program and record theta."""
+        self.run(self.p.startup)
+        self.run(self.p.save_theta)
+
+    def adapt(self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int,
+              rng: np.random.Generator) -> float:
+        """Inner loop: ``iterations`` Adam steps on batches of (x, y); returns the last loss."""
+        loss = float("nan")
+        y = y.reshape(-1, 1)
+        batches = inner_batches(len(x), batch, iterations, rng)
+        for k, idx in enumerate(batches):
+            fetch = [self.p.loss] if k == len(batches) - 1 else []
+            out = self.run(self.p.train_program, {"x": x[idx], "y": y[idx]}, fetch)
+            if fetch:
+                loss = float(np.asarray(out[0]).mean())
+        return loss
+
+    def values(self, names) -> list:
+        """The values of variables ``names`` in the scope, as numpy arrays."""
+        return [np.array(self.scope.find_var(n).get_tensor()) for n in names]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        (logits,) = self.run(self.p.forward, {"x": x}, [self.p.logits])
+        return np.asarray(logits)
+
+    # --- meta-training ------------------------------------------------------------
+
+    def train_tasks(self, iteration: int) -> list:
+        """The meta-batch of training tasks of ``iteration`` (images NCHW)."""
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, iteration, self.worker_index()])
+        tasks = []
+        for _ in range(cfg.train.meta_batch):
+            t = sample_task(self.dataset.train, cfg.task.ways, cfg.train.shots, 0, rng)
+            tasks.append((nchw(t.support_x), t.support_y, rng))
+        return tasks
+
+    def worker_index(self) -> int:
+        return self.role.worker_index() if self.role is not None else 0
+
+    def meta_iteration(self, iteration: int, tasks: list) -> float:
+        """Adapt on each task from theta, apply the meta step, and let the mode combine
+        theta across workers; returns the mean loss."""
+        cfg = self.cfg.train
+        losses = []
+        for x, y, rng in tasks:
+            self.run(self.p.restore_theta)
+            losses.append(self.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng))
+            self.run(self.p.accumulate)
+        eps = meta_step_size(iteration, cfg.meta_iters, cfg.meta_step, cfg.meta_step_final)
+        feed = {"meta_a": np.array([1.0 - eps], np.float32),
+                "meta_b": np.array([eps / len(tasks)], np.float32)}
+        self.run(self.p.meta_update, feed)
+        self.sync()
+        self.tasks_done += len(tasks)
+        return float(np.mean(losses))
+
+    def sync(self) -> None:
+        """The mode's exchange of the parameters; theta follows them."""
+        if self.p.sync is not None and self.p.sync.changes_parameters:
+            self.p.sync.step(self.scope)
+            self.run(self.p.save_theta)
+
+    # --- evaluation ---------------------------------------------------------------
+
+    def evaluate(self, classes: list, num_tasks: int, stream: int, label: str) -> tuple:
+        """Mean query accuracy over ``num_tasks`` fresh tasks, and its 95% half-width.
+
+        Each task adapts from the current theta and optimiser state, which are restored
+        afterwards, so evaluating changes nothing.
+        """
+        cfg = self.cfg
+        shots, queries = cfg.task.shots, cfg.eval.queries
+        self.run(self.p.snapshot)
+
+        def make(k):
+            rng = np.random.default_rng([cfg.seed, stream, k])
+            t = sample_task(classes, cfg.task.ways, shots, queries, rng)
+            return nchw(t.support_x), t.support_y, nchw(t.query_x), t.query_y, rng
+
+        accuracies = []
+        feed = Prefetcher(make, range(num_tasks))
+        try:
+            for k, (sx, sy, qx, qy, rng) in feed:
+                self.run(self.p.restore_snapshot)
+                self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
+                accuracies.append(float(np.mean(self.predict(qx).argmax(axis=1) == qy)))
+                self.reporter.progress(label, k + 1, num_tasks,
+                                       {"accuracy": float(np.mean(accuracies))})
+        finally:
+            feed.close()
+        self.run(self.p.restore_snapshot)
+        acc = np.array(accuracies)
+        half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
+        return float(acc.mean()), float(half)
+
+    # --- checkpoints --------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str, iteration: int) -> str:
+        """Write every persistable and the iteration to ``folder/checkpoint-<iteration>``."""
+        return checkpoint.save(self.p.train, self.scope, folder, iteration,
+                               {"meta_iteration": iteration, "tasks_done": self.tasks_done},
+                               self.cfg.train.keep_checkpoints)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Load a checkpoint (or the newest one in a folder); returns its meta-iteration."""
+        progress = checkpoint.load(self.p.train, self.scope, self.exe, path)
+        self.run(self.p.save_theta)
+        self.tasks_done = progress["tasks_done"]
+        return progress["meta_iteration"]
+
+
+def crossed(done: int, last_done: int, every: int) -> bool:
+    """Whether going from ``last_done`` to ``done`` iterations passed a multiple of ``every``."""
+    return done // every > last_done // every
+
+
+def train_and_evaluate(learner: ReptileLearner) -> dict:
+    """The whole Reptile job on this worker: baseline, meta-training with checkpoints,
+    final evaluation.
+
+    Worker w of W runs the global meta-iterations w, w+W, ... (each the same count, so
+    collective steps line up).  The first worker measures the baseline and the learning
+    curve, writes checkpoints and, once every worker finished (``role.finish_training``),
+    runs the final evaluation and reports every worker's tasks/s.
+    """
+    cfg, role, reporter = learner.cfg, learner.role, learner.reporter
+    workers, first = role.worker_num(), role.is_first_worker()
+    ckpt_dir = os.path.join(reporter.run_dir, "checkpoints")
+
+    needed = cfg.task.shots + cfg.eval.queries
+    learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
+    learner.initialize()
+    start_iter = 0
+    if cfg.resume:
+        start_iter = learner.load_checkpoint(cfg.resume)
+        reporter.say(f"resuming from meta-iteration {start_iter} ({cfg.resume})")
+    role.init_worker(learner.scope)
+    learner.run(learner.p.save_theta)
+
+    metrics = {}
+    if first and start_iter == 0 and cfg.eval.baseline:
+        acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
+                                   "baseline")
+        metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
+        reporter.metrics({"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}, 0)
+
+    total = cfg.train.meta_iters
+    per_worker = -(-total // workers)
+    todo = [i for i in range(role.worker_index(), per_worker * workers, workers)
+            if i >= start_iter]
+    feed = Prefetcher(learner.train_tasks, todo, depth=3)
+    training_time, tasks_at_start = 0.0, learner.tasks_done
+    losses, shown, last_done = [], {}, start_iter
+    try:
+        for iteration, tasks in feed:
+            started = time.perf_counter()
+            losses.append(learner.meta_iteration(iteration, tasks))
+            training_time += time.perf_counter() - started
+            done = iteration + 1
+            rate = (learner.tasks_done - tasks_at_start) / max(training_time, 1e-9)
+            shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
+            reporter.progress("meta-train", min(done, total), total, shown)
+            if (first and cfg.eval.interval and done < total
+                    and crossed(done, last_done, cfg.eval.interval)):
+                train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks,
+                                                CURVE_STREAM, "curve (train)")
+                test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks,
+                                               CURVE_STREAM, "curve (test)")
+                shown["test acc"] = test_acc
+                reporter.metrics({"curve/train_accuracy": train_acc,
+                                  "curve/test_accuracy": test_acc,
+                                  "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
+            if first and cfg.train.checkpoint_every and (
+                    crossed(done, last_done, cfg.train.checkpoint_every) or iteration == todo[-1]):
+                learner.save_checkpoint(ckpt_dir, min(done, total))
+            last_done = done
+    finally:
+        feed.close()
+    trained = learner.tasks_done - tasks_at_start
+    rate = trained / training_time if trained else 0.0
+    if trained:
+        metrics.update(meta_iters_per_s=len(todo) / training_time)
+    role.finish_training(learner.scope)
+    learner.run(learner.p.save_theta)
+    rates = role.all_gather(float(rate))
+    if not first:
+        return metrics
+    metrics.update(final_evaluation(learner))
+    metrics["tasks_per_s"] = float(sum(rates))
+    if workers > 1:
+        metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
+    if cfg.eval.interval:
+        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
+                        "curve/test_accuracy": metrics["test_accuracy"]})
+    reporter.metrics(metrics, total)
+    return metrics
+
+
+def final_evaluation(learner: ReptileLearner) -> dict:
+    """Test accuracy on ``eval.tasks`` test tasks and train accuracy, with 95% half-widths."""
+    cfg = learner.cfg
+    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
+    out = {"test_accuracy": acc, "test_accuracy_ci95": ci}
+    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
+                               "evaluate (train)")
+    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
+    return out

@@ -1,0 +1,69 @@
+"""The ``reptile`` workload: stages ``program``, ``compile``, ``execute`` and ``save``.
+
+The same code runs in every mode: the compile stage asks the role for a
+``parameter_sync`` of the model's parameters, and each meta-iteration's local meta step
+is followed by its ``step()`` (nothing locally; the strategy's exchange with parameter
+servers; the mean over collective workers).  Worker w of W runs the global
+meta-iterations w, w+W, ..., so a cluster sees the tasks of a local run of that length.
+"""
+
+from __future__ import annotations
+
+from kspipe import hookimpl
+from kspipe.compiling import compile_options
+from kspipe.config import check_keys
+from kspipe.contracts import Workload
+from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
+from kspipe.reptile.programs import build_programs
+
+
+@hookimpl
+def kspipe_describe_workload(cfg):
+    return Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
+                    summary=("test_accuracy", "baseline_test_accuracy", "train_accuracy",
+                             "tasks_per_s"))
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.program != "reptile":
+        return
+    check_keys(cfg, {"task.ways": 1, "task.shots": 1, "train.meta_iters": 0,
+                     "train.meta_batch": 1, "train.inner_iters": 0, "train.inner_batch": 1,
+                     "train.shots": 1, "eval.tasks": 1, "eval.train_tasks": 1,
+                     "eval.queries": 1, "eval.inner_iters": 0, "eval.inner_batch": 1,
+                     "eval.interval": 0, "eval.interval_tasks": 1,
+                     "train.checkpoint_every": 0, "train.keep_checkpoints": 1},
+               numbers=("train.inner_lr", "train.meta_step", "train.meta_step_final"))
+
+
+@hookimpl
+def kspipe_build_program(cfg, dataset, role):
+    return build_programs(image_shape=dataset.image_shape, ways=cfg.task.ways,
+                          model=cfg.model, inner_lr=cfg.train.inner_lr, seed=cfg.seed)
+
+
+@hookimpl
+def kspipe_compile_program(cfg, role, programs):
+    import paddle
+
+    on_cpu = isinstance(role.place(), paddle.CPUPlace)
+    programs.compiled_train = compile_options(cfg, programs.train, programs.forward,
+                                              on_cpu=on_cpu)
+    block = programs.train.global_block()
+    programs.sync = role.parameter_sync({n: list(block.var(n).shape) for n in programs.params})
+    return programs
+
+
+@hookimpl
+def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
+    return train_and_evaluate(learner)
+
+
+@hookimpl
+def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
+    from kspipe.inference import export
+
+    return export(cfg, dirname, programs.infer, [programs.infer_x], [programs.infer_logits],
+                  executor, scope)

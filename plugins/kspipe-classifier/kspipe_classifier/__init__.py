@@ -1,0 +1,1 @@
+"""kspipe-classifier: a supervised classifier workload for kspipe, in every mode."""

@@ -1,0 +1,173 @@
+"""A new kspipe workload: a plain supervised classifier, served for every mode at once.
+
+Stages ``dataset``, ``program``, ``compile``, ``execute`` and ``save`` as ``classifier``
+(``+experiment=blobs``).  Nothing here knows which mode runs it: the compile stage asks the
+role for a distributed optimiser, the execute stage brackets its loop with
+``role.init_worker`` / ``role.finish_training`` and feeds this worker its slice of each
+global batch.  So ``mode=local``, ``mode=pserver`` and ``mode=collective`` (and any mode a
+plugin adds) all train it.
+
+The data: ``classifier.classes`` Gaussian blobs in ``classifier.features`` dimensions,
+drawn from ``classifier.seed``; no files, no download.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kspipe import hookimpl
+from kspipe.contracts import Workload
+from kspipe.errors import ConfigError, check_integer, check_number
+
+NAME = "classifier"
+
+
+@hookimpl
+def kspipe_config_dirs():
+    return ["pkg://kspipe_classifier.conf"]
+
+
+@hookimpl
+def kspipe_describe_workload(cfg):
+    return Workload(name=NAME, headline="test_accuracy", rate="samples_per_s",
+                    summary=("test_accuracy", "train_accuracy", "samples_per_s"))
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    if cfg.stages.program != NAME:
+        return
+    c = cfg.get("classifier")
+    if c is None:
+        raise ConfigError("stages.program=classifier needs the classifier settings: "
+                          "run +experiment=blobs")
+    for key, minimum in (("classes", 2), ("features", 1), ("train_points", 1),
+                         ("test_points", 1), ("hidden", 1), ("batch_size", 1), ("epochs", 1)):
+        check_integer(c.get(key), f"classifier.{key}", minimum)
+    check_number(c.learning_rate, "classifier.learning_rate", 0, above=True)
+    check_number(c.spread, "classifier.spread", 0, above=True)
+
+
+# --- dataset ------------------------------------------------------------------------
+
+
+@dataclass
+class Blobs:
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    classes: int
+    features: int
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    c = cfg.classifier
+    rng = np.random.default_rng(c.seed)
+    centres = rng.normal(0.0, 3.0 / np.sqrt(2), (c.classes, c.features))
+
+    def points(n):
+        y = rng.integers(0, c.classes, n)
+        x = centres[y] + rng.normal(0.0, c.spread, (n, c.features))
+        return x.astype(np.float32), y.astype(np.int64).reshape(-1, 1)
+
+    train_x, train_y = points(c.train_points)
+    test_x, test_y = points(c.test_points)
+    return Blobs(train_x, train_y, test_x, test_y, c.classes, c.features)
+
+
+# --- program and compile ------------------------------------------------------------
+
+
+@dataclass
+class Programs:
+    startup: object
+    main: object
+    test: object
+    x: object
+    loss: object
+    logits: object
+    accuracy: object
+
+
+@hookimpl
+def kspipe_build_program(cfg, dataset, role):
+    import paddle
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    main.random_seed = startup.random_seed = cfg.classifier.seed + 1  # 0 is "unseeded"
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, dataset.features], "float32")
+        y = paddle.static.data("y", [None, 1], "int64")
+        hidden = paddle.static.nn.fc(x, cfg.classifier.hidden, activation="relu")
+        logits = paddle.static.nn.fc(hidden, dataset.classes)
+        loss = paddle.nn.functional.cross_entropy(logits, y)
+        accuracy = paddle.static.accuracy(paddle.nn.functional.softmax(logits), y)
+    test = main.clone(for_test=True)
+    return Programs(startup, main, test, x, loss, logits, accuracy)
+
+
+@hookimpl
+def kspipe_compile_program(cfg, role, programs):
+    import paddle
+
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
+                                                                       programs.startup):
+        optimizer = paddle.optimizer.SGD(learning_rate=cfg.classifier.learning_rate)
+        role.distributed_optimizer(optimizer).minimize(programs.loss)
+    return programs
+
+
+# --- execute and save ---------------------------------------------------------------
+
+
+@hookimpl
+def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    c = cfg.classifier
+    workers, index = role.worker_num(), role.worker_index()
+    if c.batch_size % workers:
+        raise ConfigError(f"classifier.batch_size={c.batch_size} must divide among the "
+                          f"{workers} workers (each takes an equal slice of every batch)")
+    share = c.batch_size // workers
+    executor.run(programs.startup, scope=scope)
+    role.init_worker(scope)
+    batches = len(dataset.train_x) // c.batch_size
+    total, seen, started = c.epochs * batches, 0, time.perf_counter()
+    for epoch in range(c.epochs):
+        order = np.random.default_rng([c.seed, epoch]).permutation(len(dataset.train_x))
+        for b in range(batches):
+            batch = order[b * c.batch_size:(b + 1) * c.batch_size][index * share:(index + 1) * share]
+            (loss,) = executor.run(programs.main, scope=scope, fetch_list=[programs.loss],
+                                   feed={"x": dataset.train_x[batch], "y": dataset.train_y[batch]})
+            seen += len(batch)
+            reporter.progress("train", epoch * batches + b + 1, total,
+                              {"loss": float(np.mean(loss)), "epoch": epoch + 1})
+    seconds = time.perf_counter() - started
+    role.finish_training(scope)
+    rates = role.all_gather(seen / seconds)
+    metrics = {"samples_per_s": float(sum(rates))}
+    if role.is_first_worker():
+        metrics["test_accuracy"] = accuracy(executor, scope, programs, dataset.test_x,
+                                            dataset.test_y)
+        metrics["train_accuracy"] = accuracy(executor, scope, programs, dataset.train_x,
+                                             dataset.train_y)
+        reporter.metrics(metrics, step=total)
+    return metrics
+
+
+def accuracy(executor, scope, programs, x, y) -> float:
+    (logits,) = executor.run(programs.test, scope=scope, feed={"x": x, "y": y},
+                             fetch_list=[programs.logits])
+    return float(np.mean(np.asarray(logits).argmax(axis=1) == y.ravel()))
+
+
+@hookimpl
+def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
+    from kspipe.inference import export
+
+    infer = programs.test._prune([programs.logits])
+    return export(cfg, dirname, infer, [programs.x], [programs.logits], executor, scope)

@@ -1,0 +1,94 @@
+"""The example workload plugin, installed as a user installs a plugin, trains in every
+mode, and the modes really exchange: collective workers=2 and parameter servers with the
+sync strategy end with the model one process trains on the whole batches."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PLUGIN = Path(__file__).resolve().parents[1]
+
+# The accuracy the tests state: the blobs overlap a little, so ~0.97 is what a trained MLP
+# reaches and a model that never trained scores ~0.25 (4 classes).
+STATED_ACCURACY = 0.9
+SMALL = ["classifier.train_points=2048", "classifier.epochs=2", "tracking.enabled=false"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The plugin pip-installed into a folder of its own, found through its entry point."""
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(site), str(PLUGIN)], check=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
+    return env
+
+
+def kspipe(env, cwd, *args):
+    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(installed, tmp_path_factory):
+    """One run in each mode; {mode: run folder}."""
+    out = {}
+    for mode, extra in (("local", []), ("collective", ["workers=2"]),
+                        ("pserver", ["workers=2", "cluster.strategy=sync"])):
+        folder = tmp_path_factory.mktemp(mode)
+        result = kspipe(installed, folder, "+experiment=blobs", f"mode={mode}", *extra, *SMALL,
+                        f"run_dir={folder / 'run'}")
+        assert result.returncode == 0, (mode, result.stderr[-3000:])
+        assert "kspipe: done: test_accuracy" in result.stdout
+        out[mode] = folder / "run"
+    return out
+
+
+def logits(run_dir, x):
+    import paddle
+
+    paddle.enable_static()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        program, feeds, fetches = paddle.static.load_inference_model(
+            str(run_dir / "inference_model" / "model"), exe)
+        (out,) = exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("mode", ["local", "collective", "pserver"])
+def test_the_workload_trains_to_the_stated_accuracy(runs, mode):
+    metrics = json.loads((runs[mode] / "metrics.json").read_text())
+    assert metrics["test_accuracy"] >= STATED_ACCURACY, metrics
+    assert metrics["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("mode", ["collective", "pserver"])
+def test_two_workers_end_with_the_one_process_model(runs, mode):
+    # each worker took half of every batch; the all-reduced gradients (collective) or the
+    # mean change on the servers (sync) make it the step of the whole batch
+    x = np.random.default_rng(5).normal(0, 3, (64, 8)).astype(np.float32)
+    np.testing.assert_allclose(logits(runs[mode], x), logits(runs["local"], x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_plugins_lists_the_workload(installed, tmp_path):
+    listing = subprocess.run([sys.executable, "-m", "kspipe.cli", "plugins"], cwd=tmp_path,
+                             env=installed, capture_output=True, text=True, timeout=120)
+    line = next(line for line in listing.stdout.splitlines() if line.startswith("classifier"))
+    assert "kspipe-classifier 0.1.0" in line and "kspipe_execute [stage execute]" in line
+
+
+def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_path):
+    result = kspipe(installed, tmp_path, "+experiment=blobs", "mode=collective", "workers=3",
+                    *SMALL, "classifier.batch_size=64", f"run_dir={tmp_path / 'run'}")
+    assert result.returncode != 0
+    assert "classifier.batch_size=64 must divide among the 3 workers" in result.stderr
+    assert "Traceback" not in result.stderr
