@@ -13,6 +13,7 @@ import os
 import shutil
 
 from kspipe.errors import ConfigError
+from kspipe.files import user_path
 
 
 def save(program, scope, folder: str, step: int, progress: dict, keep: int) -> str:
@@ -38,7 +39,7 @@ def load(program, scope, executor, path: str) -> dict:
     """Load the checkpoint ``path`` (or the newest in a folder or run); return its progress."""
     import paddle
 
-    found = latest(path)
+    found = latest(user_path(path))
     with paddle.static.scope_guard(scope):
         paddle.static.load(program, os.path.join(found, "state"), executor)
     with open(os.path.join(found, "progress.json")) as f:

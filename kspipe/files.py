@@ -9,13 +9,30 @@ import tempfile
 from pathlib import Path
 
 CACHE_ENV = "KSPIPE_CACHE_DIR"
+#: The folder the user started kspipe in; a cluster's processes run in the run folder.
+WORKDIR_ENV = "KSPIPE_WORKDIR"
+
+
+def user_path(path) -> str:
+    """A path from the config or command line, as the user meant it: ``~`` expanded and a
+    relative path taken from the folder kspipe was started in (``$KSPIPE_WORKDIR``, which
+    a launcher sets for its processes, else the current folder)."""
+    path = os.path.expanduser(str(path))
+    if os.path.isabs(path):
+        return path
+    return os.path.join(os.environ.get(WORKDIR_ENV) or os.getcwd(), path)
+
+
+def workdir() -> str:
+    """The folder the user started kspipe in (for a launcher to hand to its processes)."""
+    return os.environ.get(WORKDIR_ENV) or os.getcwd()
 
 
 def cache_dir(override: str | None = None) -> Path:
     """The cache folder: ``override``, else ``$KSPIPE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/kspipe``, else ``~/.cache/kspipe``."""
     if override:
-        return Path(os.path.expanduser(str(override)))
+        return Path(user_path(override))
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")

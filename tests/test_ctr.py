@@ -176,12 +176,13 @@ def test_bad_data_is_one_clear_line(own_files, change, fragments):
     (["datafeed.train_files=[]"], ["datafeed.train_files: the file list is empty"]),
     (["datafeed.desc=null"], ["datafeed.desc and datafeed.train_files go together"]),
     (["datafeed.label=click"], ["datafeed.label='click'", "slots: label, ids, price"]),
-    (["datafeed.threads=0"], ["datafeed.threads=0 must be a positive integer"]),
+    (["datafeed.threads=0"], ["datafeed.threads=0 must be at least 1"]),
     (["datafeed.dataset=hdfs"], ["datafeed.dataset='hdfs'"]),
     (["datafeed.fetch=[no_such_var]"], ["datafeed.fetch: the program has no variable 'no_such_var'"]),
-    (["mode=collective"], ["the ctr workload runs in mode local or pserver"]),
+    (["mode=collective"], ["mode=collective cannot run the ctr workload",
+                           "train_from_dataset's reader threads"]),
     (["mode=pserver", "cluster.strategy=sync"], ["cluster.strategy=sync", "async"]),
-    (["ctr.hash_size=0"], ["ctr.hash_size=0 must be a positive integer"]),
+    (["ctr.hash_size=0"], ["ctr.hash_size=0 must be at least 1"]),
     (["workers=3", "mode=pserver"], ["2 training file(s) for 3 workers"]),
 ])
 def test_bad_ctr_config(own_files, overrides, fragments):
@@ -291,4 +292,4 @@ def test_checkpoints_each_epoch_and_resumes(tmp_path):
 
 def test_resume_on_the_servers_is_refused(tmp_path):
     result = kspipe(*ctr_args(tmp_path, "mode=pserver", f"resume={tmp_path}"), cwd=tmp_path)
-    assert_one_line_error(result, "resumes in mode=local only")
+    assert_one_line_error(result, "mode=pserver cannot run the ctr workload: resume")

@@ -23,6 +23,7 @@ import numpy as np
 
 from kspipe.datafeed.desc import UINT64_LIMIT, DataFeedDesc
 from kspipe.errors import ConfigError, DataError
+from kspipe.files import user_path
 
 @dataclass
 class FileCounts:
@@ -43,7 +44,7 @@ def resolve_files(spec, key: str) -> list[str]:
     items = [spec] if isinstance(spec, str) else list(spec)
     files = []
     for item in items:
-        item = os.path.expanduser(str(item))
+        item = user_path(item)
         if os.path.isdir(item):
             found = sorted(os.path.join(item, n) for n in os.listdir(item)
                            if not n.startswith(".") and os.path.isfile(os.path.join(item, n)))

@@ -18,6 +18,7 @@ from kspipe.datafeed import generated
 from kspipe.datafeed.desc import DataFeedDesc
 from kspipe.datafeed.files import FileCounts, parse_line, resolve_files, scan_files
 from kspipe.errors import ConfigError, DataError, check_integer
+from kspipe.files import user_path
 from kspipe.reporting import say
 
 DATASETS = ("queue", "in_memory")
@@ -59,7 +60,7 @@ def kspipe_check_config(cfg):
 def kspipe_read_dataset(cfg, role):
     d = cfg.datafeed
     built = generated.cached(cfg) if d.desc is None else None
-    desc = DataFeedDesc(d.desc or os.path.join(built, generated.DESC_NAME))
+    desc = DataFeedDesc(user_path(d.desc) if d.desc else os.path.join(built, generated.DESC_NAME))
     if d.batch_size is not None:
         desc.set_batch_size(d.batch_size)
     elif desc.batch_size < 1:

@@ -10,6 +10,7 @@ from kspipe.fewshot import kanji
 from kspipe.fewshot.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
                          read_omniglot, verify_images)
 from kspipe.errors import ConfigError, DataError
+from kspipe.files import user_path
 
 KINDS = {"omniglot": (28, 1), "miniimagenet": (84, 3)}
 
@@ -34,7 +35,7 @@ def kspipe_read_dataset(cfg, role):
             characters=embedded.characters, drawers=embedded.drawers, size=size,
             seed=embedded.seed, cache_dir=embedded.cache_dir,
             progress=_build_progress, say=_say))
-    root = os.path.abspath(os.path.expanduser(str(root)))
+    root = user_path(root)
     if os.path.isdir(os.path.join(root, "train")):
         kind = Open_KS_Character if data.name == "omniglot" else Open_KS_ImageNet
         cache: dict = {}

@@ -94,6 +94,9 @@ class CollectiveRole(Role):
         selected = env.get("FLAGS_selected_gpus")
         self.device = int(selected) if selected and paddle.is_compiled_with_cuda() else None
         self._nccl_ready = False
+        # the collective ops go into the programs with two workers or more, and on a GPU
+        # always (a ring of one still sets up NCCL and runs the ops: the GPU path)
+        self.reduces = self.nranks > 1 or self.device is not None
         if self.nranks > 1:
             keep_http_log_in(env.get(LOG_DIR_ENV) or os.getcwd())
             from paddle.distributed.parallel_with_gloo import gloo_init_parallel_env
@@ -164,6 +167,11 @@ class CollectiveRole(Role):
             self._init_nccl()
         paddle.static.Executor(self.place()).run(program, scope=scope)
 
+    def init_worker(self, scope=None) -> None:
+        if self.device is not None and not self._nccl_ready:
+            self._init_nccl()  # before the first program with collective ops runs
+        super().init_worker(scope)
+
     def _init_nccl(self) -> None:
         """Ring 0 over the workers' GPUs, as Paddle's collective tests set it up."""
         import paddle
@@ -201,6 +209,7 @@ def keep_http_log_in(folder: str) -> None:
     module = "paddle.distributed.fleet.utils.http_server"
     if module in sys.modules:
         return
+    os.makedirs(folder, exist_ok=True)
     plain = logging.FileHandler
 
     class InFolder(plain):
@@ -249,7 +258,7 @@ class ParameterAverage(ParameterSync):
         self.role = role
         self.variables = {name: (list(shape), dtype) for name, shape in shapes.items()}
         self.scope = None
-        alone = role.nranks == 1
+        alone = not role.reduces
         self.average = None if alone else reduce_program(self.variables,
                                                          scale=1.0 / role.nranks)
         self.broadcast = None if alone else reduce_program(self.variables,
@@ -294,7 +303,7 @@ class GradientAllReduce:
 
     def apply_gradients(self, params_grads):
         role = self._role
-        if role.nranks > 1:
+        if role.reduces:
             block = params_grads[0][1].block
             with block.program._backward_role_guard():  # a for_test clone drops them
                 for _, grad in params_grads:
@@ -333,6 +342,6 @@ class CollectiveLauncher(Role):
         workers = len(self.devices) if self.devices else cfg.workers
         plan = launch_plan("collective", workers, host=cfg.cluster.host,
                            threads=cfg.cluster.threads, devices=self.devices,
-                           log_dir=os.path.join(reporter.run_dir, "logs"))
+                           log_dir=os.path.join(reporter.run_dir, "debug"))
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
         return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})")

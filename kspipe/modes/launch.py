@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from kspipe.errors import ClusterError, ConfigError, check_integer
+from kspipe.files import WORKDIR_ENV, workdir
 
 JOB_FILE = "job.yaml"
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
@@ -284,7 +285,7 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
         check_port_free(address, int(port))
     local_workers = sum(1 for role, _, _ in local if role == "worker")
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
-    base = dict(os.environ, GLOG_minloglevel="2",
+    base = dict(os.environ, GLOG_minloglevel="2", **{WORKDIR_ENV: workdir()},
                 PADDLE_TRAINER_ENDPOINTS=",".join(worker_eps),
                 PADDLE_TRAINERS_NUM=str(len(worker_eps)))
     if kind == "pserver":

@@ -190,7 +190,7 @@ class PserverLauncher(Role):
         plan = launch_plan("pserver", cfg.workers, cfg.servers, cfg.cluster.host,
                            meeting_dir=os.path.join(reporter.run_dir, "gloo"),
                            threads=cfg.cluster.threads,
-                           log_dir=os.path.join(reporter.run_dir, "logs"))
+                           log_dir=os.path.join(reporter.run_dir, "debug"))
         servers = sum(1 for p in plan if p.role == "server")
         workers = len(plan) - servers
         if not servers and not workers:

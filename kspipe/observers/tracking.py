@@ -13,6 +13,7 @@ import os
 import time
 
 from kspipe import hookimpl
+from kspipe.files import user_path
 
 PARENT_RUN_ENV = "KSPIPE_PARENT_RUN_ID"
 RUN_ENV = "KSPIPE_RUN_ID"  # a cluster's launcher made the run; its first worker records into it
@@ -20,7 +21,10 @@ MAX_PARAM_LENGTH = 6000
 
 
 def tracking_uri(cfg) -> str:
-    return cfg.tracking.uri or f"sqlite:///{os.path.abspath('mlflow.db')}"
+    uri = cfg.tracking.uri or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///"):]):
+        uri = "sqlite:///" + user_path(uri[len("sqlite:///"):])  # from where kspipe started
+    return uri
 
 
 def flatten(tree, prefix: str = "") -> dict:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from kspipe import checkpoint
+from kspipe.errors import ClusterError
 from kspipe.fewshot.data import Prefetcher, sample_task
 from kspipe.reptile.programs import inner_batches, meta_step_size
 
@@ -64,6 +65,10 @@ class ReptileLearner:
         """The values of variables ``names`` in the scope, as numpy arrays."""
         return [np.array(self.scope.find_var(n).get_tensor()) for n in names]
 
+    def fingerprint(self) -> float:
+        """The sum of every parameter (float64): equal on workers that hold one model."""
+        return float(sum(np.sum(v, dtype=np.float64) for v in self.values(self.p.params)))
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         (logits,) = self.run(self.p.forward, {"x": x}, [self.p.logits])
         return np.asarray(logits)
@@ -73,15 +78,14 @@ class ReptileLearner:
     def train_tasks(self, iteration: int) -> list:
         """The meta-batch of training tasks of ``iteration`` (images NCHW)."""
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, iteration, self.worker_index()])
+        # the stream depends on the iteration alone, so a cluster's workers, which split the
+        # iterations between them, meet the tasks a local run meets
+        rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, iteration, 0])
         tasks = []
         for _ in range(cfg.train.meta_batch):
             t = sample_task(self.dataset.train, cfg.task.ways, cfg.train.shots, 0, rng)
             tasks.append((nchw(t.support_x), t.support_y, rng))
         return tasks
-
-    def worker_index(self) -> int:
-        return self.role.worker_index() if self.role is not None else 0
 
     def meta_iteration(self, iteration: int, tasks: list) -> float:
         """Adapt on each task from theta, apply the meta step, and let the mode combine
@@ -228,6 +232,10 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         metrics.update(meta_iters_per_s=len(todo) / training_time)
     role.finish_training(learner.scope)
     learner.run(learner.p.save_theta)
+    fingerprints = role.all_gather(learner.fingerprint())
+    if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
+        raise ClusterError(f"the workers ended with different models (parameter sums "
+                           f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
     rates = role.all_gather(float(rate))
     if not first:
         return metrics

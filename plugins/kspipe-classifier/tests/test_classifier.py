@@ -4,6 +4,7 @@ sync strategy end with the model one process trains on the whole batches."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,12 @@ SMALL = ["classifier.train_points=2048", "classifier.epochs=2", "tracking.enable
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The plugin pip-installed into a folder of its own, found through its entry point."""
-    site = tmp_path_factory.mktemp("site")
+    site, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "plugin"
+    # from a copy: building writes build/ and *.egg-info beside the sources
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                                  "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(PLUGIN)], check=True, timeout=600)
+                    str(site), str(source)], check=True, timeout=600)
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
     return env
