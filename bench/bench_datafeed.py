@@ -28,6 +28,7 @@ import tempfile
 import time
 
 os.environ.setdefault("GLOG_minloglevel", "2")
+_DEBUG = tempfile.TemporaryDirectory(prefix="kspipe-bench-")  # removed at exit
 
 
 def build(folder: str, batch_size: int):
@@ -54,8 +55,11 @@ def build(folder: str, batch_size: int):
 def fresh(programs):
     import paddle
 
+    from kspipe.pipeline import make_executor
+
     scope = paddle.static.Scope()
-    exe = paddle.static.Executor(paddle.CPUPlace())
+    # its debug descriptions go to a temporary folder, not the current one
+    exe = make_executor(paddle.CPUPlace(), _DEBUG.name)
     exe.run(programs.startup, scope=scope)
     return exe, scope
 

@@ -74,7 +74,7 @@ def test_slots_are_unused_until_marked(tmp_path):
 @pytest.mark.parametrize("call, message", [
     (lambda d: d.set_dense_slots(["wd"]), "no slot named 'wd'"),
     (lambda d: d.set_use_slots(["wd", "x"]), "no slot named 'wd', 'x'"),
-    (lambda d: d.set_batch_size(0), "batch size 0 must be a positive integer"),
+    (lambda d: d.set_batch_size(0), "batch_size=0 must be at least 1"),
 ])
 def test_bad_desc_calls(tmp_path, call, message):
     desc = DataFeedDesc(write(tmp_path / "d", SEED_DESC))

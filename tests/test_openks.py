@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kspipe import openks
+from kspipe.modes.role import Role
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "openks_quickstart.py"
@@ -78,7 +79,8 @@ SIGNATURES = {
     "GPUDistributedAlgorithm": ["distributed_optimizer", "save_inference_model",
                                 "save_persistables"],
     "GeneralDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
-    "HeterogeneousDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
+    "HeterogeneousDistributedOptimizer": ["backward", "apply_gradients", "minimize",
+                                          "_try_to_compile", "_transpile"],
     "Open_KS_read": ["read_dataset", "_read_classes"],
     "Open_KS_Character": ["sample", "_read_image"],
     "Open_KS_ImageNet": ["sample", "_read_image"],
@@ -102,6 +104,8 @@ PARAMETERS = {
     ("GeneralDistributedOptimizer", "apply_gradients"): ["params_grads"],
     ("GeneralDistributedOptimizer", "minimize"): [
         "loss", "startup_program", "parameter_list", "no_grad_set"],
+    ("HeterogeneousDistributedOptimizer", "_try_to_compile"): ["startup_program", "main_program"],
+    ("HeterogeneousDistributedOptimizer", "_transpile"): ["startup_program", "main_program"],
     ("Open_KS_Character", "sample"): ["num_images"],
     ("Open_KS_Character", "_read_image"): ["name"],
     ("Open_KS_read", "read_dataset"): ["data_dir"],
@@ -157,3 +161,35 @@ def test_half_async_is_refused_with_a_reason():
         openks.GeneralDistributedOptimizer(None, openks.HalfAsyncStrategy())
     with pytest.raises(ValueError, match="flag must be 0 or 1"):
         openks.KSDistributedFactory.instantiation(2)
+
+
+def test_the_gpu_path_writes_collective_ops_into_the_program():
+    """HeterogeneousDistributedOptimizer on a collective role of two workers (built here
+    without its processes): each gradient is all-reduced and scaled before the optimiser
+    reads it, a for_test clone drops the ops, and _try_to_compile compiles the program."""
+    import paddle
+
+    from kspipe.modes.collective import CollectiveRole
+
+    role = CollectiveRole.__new__(CollectiveRole)  # worker 0 of 2, no gloo meeting
+    Role.__init__(role)
+    role.rank, role.nranks, role.device, role.reduces = 0, 2, None, True
+    role.endpoints, role._nccl_ready = ["127.0.0.1:1", "127.0.0.1:2"], False
+    algorithm = openks.GPUDistributedAlgorithm()
+    algorithm.init(role)
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, 4], "float32")
+        loss = paddle.mean(paddle.static.nn.fc(x, 1))
+        optimizer = algorithm.distributed_optimizer(
+            paddle.optimizer.SGD(0.1), openks.CollectiveStrategy(build_strategy={"enable_inplace": False}))
+        optimizer.minimize(loss)
+    types = [op.type for op in main.global_block().ops]
+    reduced = [op.input("X")[0] for op in main.global_block().ops if op.type == "c_allreduce_sum"]
+    assert sorted(reduced) == sorted(p.name + "@GRAD" for p in main.all_parameters())
+    assert max(i for i, t in enumerate(types) if t == "c_allreduce_sum") < types.index("sgd")
+    scales = [op for op in main.global_block().ops if op.type == "scale" and op.input("X")[0] in reduced]
+    assert len(scales) == len(reduced) and all(op.attr("scale") == 0.5 for op in scales)
+    assert "c_allreduce_sum" not in [op.type for op in main.clone(for_test=True).global_block().ops]
+    assert isinstance(optimizer.compiled_program, paddle.static.CompiledProgram)

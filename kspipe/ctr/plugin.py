@@ -17,7 +17,7 @@ from kspipe.contracts import Workload
 from kspipe.ctr.evaluation import evaluate, pull_tables
 from kspipe.ctr.model import build, fetch_vars
 from kspipe.ctr.training import train
-from kspipe.errors import ConfigError, check_number
+from kspipe.errors import check_integer, check_number
 
 #: What the ctr workload needs of its mode.
 NEEDS = frozenset({"dataset_training", "sparse_tables"})
@@ -36,9 +36,8 @@ def kspipe_check_config(cfg):
         return
     check_keys(cfg, {"ctr.embedding_dim": 1, "ctr.hash_size": 1, "ctr.epochs": 1,
                      "datafeed.print_period": 1, "train.keep_checkpoints": 1})
-    hidden = cfg.ctr.hidden
-    if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
-        raise ConfigError(f"ctr.hidden={list(hidden)!r} must be a list of positive layer sizes")
+    for i, size in enumerate(cfg.ctr.hidden):
+        check_integer(size, f"ctr.hidden[{i}]", 1)
     check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
     check_number(cfg.datafeed.print_period_s, "datafeed.print_period_s", 0, above=True)
 

@@ -6,7 +6,7 @@ dense slots have a fixed width.
 
 from __future__ import annotations
 
-from kspipe.errors import ConfigError, DataError
+from kspipe.errors import ConfigError, DataError, check_integer
 
 SLOT_TYPES = ("uint64", "float")
 UINT64_LIMIT = 1 << 64
@@ -65,8 +65,7 @@ class DataFeedDesc:
 
     def set_batch_size(self, batch_size: int) -> None:
         """The number of instances of a minibatch."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch size {batch_size!r} must be a positive integer")
+        check_integer(batch_size, "batch_size", 1)
         self.proto_desc.batch_size = batch_size
 
     def set_dense_slots(self, dense_slots_name) -> None:

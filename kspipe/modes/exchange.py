@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kspipe.errors import ConfigError
+from kspipe.errors import ConfigError, check_integer
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
 
 STRATEGIES = ("sync", "async", "geo")
@@ -43,9 +43,8 @@ def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> 
     if strategy not in STRATEGIES:
         raise ConfigError(f"{what}={strategy!r} is not one of "
                           f"{', '.join(STRATEGIES + ('half_async',))}")
-    if strategy == "geo" and (isinstance(k_steps, bool) or not isinstance(k_steps, int)
-                              or k_steps < 1):
-        raise ConfigError(f"cluster.k_steps={k_steps!r} must be at least 1 for geo")
+    if strategy == "geo":
+        check_integer(k_steps, "cluster.k_steps", 1)
 
 
 class ParameterExchange:

@@ -262,7 +262,8 @@ class Planned:
 def launch_plan(kind: str, workers, servers=None, host: str | None = None,
                 meeting_dir: str | None = None, threads: int | None = None,
                 devices: list[int] | None = None, log_dir: str | None = None) -> list[Planned]:
-    """The processes this host starts for a ``kind`` ("pserver" or "collective") job.
+    """The processes this host starts for a ``kind`` ("pserver", "collective" or "local":
+    one process of its own) job.
 
     ``workers`` and ``servers`` are counts (free ports on 127.0.0.1 are taken) or
     ``host:port`` lists (a job across hosts; ``host`` names this one when they name
@@ -272,6 +273,8 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     host's workers share its cores (``threads`` each, default cores / local workers).
     The ports of this host's processes are checked free.
     """
+    if kind == "local":
+        return [Planned("worker", 0, "", dict(os.environ, **{WORKDIR_ENV: workdir()}))]
     worker_eps = endpoints(workers, "workers")
     server_eps = endpoints(servers, "servers") if kind == "pserver" else []
     everyone = server_eps + worker_eps

@@ -11,8 +11,7 @@ import os
 
 from kspipe import hookimpl
 from kspipe.errors import ClusterError, KspipeError
-from kspipe.files import WORKDIR_ENV, workdir
-from kspipe.modes.launch import Planned, error_line, run_cluster
+from kspipe.modes.launch import error_line, launch_plan, run_cluster
 from kspipe.modes.role import Role
 
 
@@ -39,8 +38,7 @@ class IsolatedLauncher(Role):
         with open_dict(child):
             child.isolate = False
         try:
-            env = dict(os.environ, **{WORKDIR_ENV: workdir()})
-            return run_cluster(child, reporter, [Planned("worker", 0, "", env)],
+            return run_cluster(child, reporter, launch_plan("local", 1),
                                "the job in a process of its own")
         except ClusterError as err:
             message = error_line(os.path.join(reporter.run_dir, "logs", "worker.0.log"))

@@ -51,11 +51,13 @@ class GeoStrategy:
 @dataclass
 class CollectiveStrategy:
     """Collective training: ``gradient_allreduce`` every step, or ``local_sgd`` every
-    ``k_steps`` steps (parameters averaged); ``thread_num`` math threads per worker."""
+    ``k_steps`` steps (parameters averaged); ``thread_num`` math threads per worker;
+    ``build_strategy`` options for the compiled program."""
 
     mode: str = "gradient_allreduce"
     k_steps: int = 1
     thread_num: int | None = None
+    build_strategy: dict | None = None  # BuildStrategy options for ``_try_to_compile``
 
 
 # --- optimisers ---------------------------------------------------------------------
@@ -101,25 +103,67 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
 
 
 class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
-    """Collective training of a script's program: the gradients are all-reduced (mean)
-    across workers in the program before the optimiser applies them, or with
-    ``local_sgd`` the parameters are averaged every ``k_steps`` steps."""
+    """Collective training of a script's program (the seed's NCCL2 path).
+
+    ``gradient_allreduce``: ``_transpile`` writes Paddle's collective ops into the program,
+    each gradient all-reduced and scaled by 1/workers before the optimiser reads it (gloo on
+    CPU, NCCL on GPU; the ring is set up at ``init_worker``); ``_try_to_compile`` then
+    compiles it with the strategy's BuildStrategy options.  ``local_sgd``: the optimiser
+    steps locally and every ``k_steps`` steps the parameters are averaged.
+    """
+
+    def __init__(self, optimizer, strategy=None, algorithm=None):
+        super().__init__(optimizer, strategy or CollectiveStrategy(), algorithm)
+        self.compiled_program = None
+        self._params_grads = []
 
     def apply_gradients(self, params_grads):
         import os
 
-        role = self._algorithm._mode_role()
         strategy = self._strategy
         if strategy.thread_num:
             os.environ["OMP_NUM_THREADS"] = str(strategy.thread_num)
         if strategy.mode == "gradient_allreduce":
-            self._distributed = role.distributed_optimizer(self._inner)
+            self._params_grads = params_grads
+            self._transpile(None, params_grads[0][1].block.program)
             return self._distributed.apply_gradients(params_grads)
         if strategy.mode != "local_sgd":
             raise ConfigError(f"CollectiveStrategy.mode must be gradient_allreduce or local_sgd, "
                               f"not {strategy.mode!r}")
+        return self._local_sgd(params_grads)
+
+    def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         import paddle
 
+        result = super().minimize(loss, startup_program, parameter_list, no_grad_set)
+        self._try_to_compile(startup_program or paddle.static.default_startup_program(),
+                             loss.block.program)
+        return result
+
+    def _transpile(self, startup_program, main_program):
+        """Make ``main_program`` collective: the role's distributed optimiser writes the
+        all-reduce of each gradient into it (as the seed's NCCL2 transpiler did)."""
+        if self._distributed is None:
+            self._distributed = self._algorithm._mode_role().distributed_optimizer(self._inner)
+
+    def _try_to_compile(self, startup_program, main_program):
+        """``main_program`` (transpiled) compiled with ``strategy.build_strategy`` options,
+        kept as ``compiled_program`` for the script to run."""
+        import paddle
+
+        self._transpile(startup_program, main_program)
+        build = paddle.static.BuildStrategy()
+        for name, value in (getattr(self._strategy, "build_strategy", None) or {}).items():
+            if not hasattr(build, name):
+                raise ConfigError(f"CollectiveStrategy.build_strategy: Paddle's BuildStrategy "
+                                  f"has no option {name!r}")
+            setattr(build, name, value)
+        self.compiled_program = paddle.static.CompiledProgram(main_program, build_strategy=build)
+
+    def _local_sgd(self, params_grads):
+        import paddle
+
+        role, strategy = self._algorithm._mode_role(), self._strategy
         ops = self._inner.apply_gradients(params_grads)
         sync = role.parameter_sync({p.name: list(p.shape) for p, _ in params_grads})
         names = [p.name for p, _ in params_grads]
@@ -133,14 +177,3 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
         with params_grads[0][0].block.program._optimized_guard([]):
             paddle.static.py_func(average, x=[p for p, _ in params_grads], out=None)
         return ops
-
-    def _try_to_compile(self, startup_program, main_program):
-        """The seed's hook to compile the worker's program: here, ``main_program`` as it is
-        (the all-reduce ops are already in it; BuildStrategy options go through the
-        ``compile`` stage)."""
-        return main_program
-
-    def _transpile(self, startup_program, main_program):
-        """The seed's hook to transpile for NCCL2: the collective ops are written by
-        ``apply_gradients``, and the ring is set up at ``init_worker``; nothing is left."""
-        return main_program
