@@ -1,6 +1,7 @@
 """Checkpoints: every persistable of a program plus a progress record, written atomically.
 
-``<folder>/checkpoint-<step>/state.pd*`` and ``progress.json``; a checkpoint is written
+``<folder>/checkpoint-<step>/state.pd*``, ``progress.json`` and ``config.yaml`` (the resolved
+config that produced it, so a checkpoint describes itself); a checkpoint is written
 under a ``.tmp`` name and renamed, so a process that dies while writing leaves the last
 complete one in place.  ``resume=<run folder>`` (or a checkpoint folder) continues from
 the newest.
@@ -16,9 +17,11 @@ from kspipe.errors import ConfigError
 from kspipe.files import user_path
 
 
-def save(program, scope, folder: str, step: int, progress: dict, keep: int) -> str:
-    """Write ``program``'s persistables in ``scope`` and ``progress``; keep the newest ``keep``."""
+def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg) -> str:
+    """Write ``program``'s persistables in ``scope``, ``progress`` and the resolved ``cfg``;
+    keep the newest ``keep``."""
     import paddle
+    from omegaconf import OmegaConf
 
     final = os.path.join(folder, f"checkpoint-{step:07d}")
     tmp = final + ".tmp"
@@ -28,6 +31,7 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int) -> s
         paddle.static.save(program, os.path.join(tmp, "state"))
     with open(os.path.join(tmp, "progress.json"), "w") as f:
         json.dump(progress, f)
+    OmegaConf.save(cfg, os.path.join(tmp, "config.yaml"), resolve=True)
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     for old in sorted(checkpoints(folder))[:-keep]:

@@ -16,6 +16,7 @@ import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
 from kspipe.errors import KspipeError, print_error  # noqa: E402
+from kspipe.schema import register_schemas  # noqa: E402
 
 _pm = None
 
@@ -38,10 +39,12 @@ def main() -> None:
         _pm = get_plugin_manager()
         extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
         check_experiments(args, extra_dirs)
+        check_config(args, extra_dirs)
     except KspipeError as err:
         fail(err)
     if extra_dirs:
         sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
+    register_schemas()  # hydra_main composes with them
     hydra_main()
     from kspipe.observers.sweep import FAILED_JOBS
 
@@ -67,6 +70,85 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
         for name in value.split(","):
             if name and name not in known:
                 raise ConfigError(f"unknown experiment '{name}' (available: {', '.join(sorted(known))})")
+
+
+#: At most this many more compositions check the other values of a sweep (-m).
+SWEEP_CHECKS = 32
+
+
+def check_config(args: list[str], extra_dirs: list[str]) -> None:
+    """Compose the config as Hydra is about to, so that a value of the wrong type or an
+    unknown key is one line (:func:`kspipe.config.compose`), not Hydra's several.
+
+    With ``-m`` each value of a sweep is composed once, in place of the sweep.
+    """
+    import itertools
+
+    from kspipe.config import compose
+
+    given = command_line_overrides(args)
+    if given is None:
+        return
+    overrides, multirun = given
+    variants = sweep_variants(overrides) if multirun else [overrides]
+    for variant in itertools.islice(variants, 1 + SWEEP_CHECKS):
+        compose(variant, extra_dirs)
+
+
+def command_line_overrides(args: list[str]):
+    """``(overrides, multirun)`` as ``@hydra.main`` reads ``args``; None where Hydra's own
+    flags take over (help, info, another config folder), and Hydra checks the config."""
+    import argparse
+
+    from hydra._internal.utils import get_args_parser  # the parser of @hydra.main
+
+    if "--version" in args:
+        return None
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        parsed, unknown = parser.parse_known_args(args)
+    except argparse.ArgumentError:
+        return None
+    if unknown or any((parsed.help, parsed.hydra_help, parsed.info, parsed.shell_completion,
+            parsed.config_path, parsed.config_name, parsed.config_dir,
+            parsed.experimental_rerun)):
+        return None
+    multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
+    return parsed.overrides, multirun
+
+
+def sweep_variants(overrides: list[str]):
+    """``overrides`` with each sweep at its first value, then once at each other value.
+
+    A value's type is checked alone, so trying each once finds a bad one without composing
+    every job.  ``glob(...)`` and ``interval(...)`` are left to the sweeper.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        yield overrides  # composing it names the mistake
+        return
+    first, sweeps = [], []
+    for override in parsed:
+        if not override.is_sweep_override():
+            first.append(override.input_line)
+        elif (override.is_discrete_sweep()
+              and override.value_type != ValueType.GLOB_CHOICE_SWEEP):
+            key = override.get_key_element()
+            values = (f"{key}={value}" for value in override.sweep_string_iterator())
+            value = next(values, None)
+            if value is not None:  # an empty sweep runs no job
+                sweeps.append((len(first), values))
+                first.append(value)
+    yield first
+    for i, values in sweeps:
+        for value in values:
+            yield first[:i] + [value] + first[i + 1:]
 
 
 def available_experiments(extra_dirs: list[str]) -> set[str]:

@@ -16,16 +16,14 @@ from kspipe import hookimpl  # noqa: E402
 
 
 def compose_config(overrides: list[str] = (), config_dirs: list[str] = ()):
-    """The config ``kspipe <overrides>`` would run, composed without starting a job."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    """The config ``kspipe <overrides>`` would run, composed without starting a job.
 
-    overrides = list(overrides)
-    if config_dirs:
-        overrides.append(f"hydra.searchpath=[{','.join(config_dirs)}]")
-    GlobalHydra.instance().clear()
-    with initialize_config_module(version_base="1.3", config_module="kspipe.conf"):
-        return compose("config", overrides=overrides)
+    It is composed with kspipe's schemas (:func:`kspipe.config.compose`): a value of the
+    wrong type or a misspelt key raises :class:`kspipe.errors.ConfigError`.
+    """
+    from kspipe.config import compose
+
+    return compose(overrides, config_dirs)
 
 
 def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int = 0) -> Path:

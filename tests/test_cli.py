@@ -39,7 +39,7 @@ def assert_one_line_error(result, *fragments):
     (["task.shots=0"], ["task.shots=0 must be at least 1"]),
     (["train.meta_iters=-5"], ["train.meta_iters=-5 must be at least 0"]),
     (["train.inner_iters=-1"], ["train.inner_iters=-1"]),
-    (["eval.tasks=many"], ["eval.tasks='many' must be an integer"]),
+    (["eval.tasks=many"], ["eval.tasks=many: must be an integer"]),
     (["stages.dataset=nowhere"], ["stages.dataset='nowhere'", "open_ks"]),
     (["dataset.name=cifar"], ["dataset.name='cifar'"]),
     (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),

@@ -53,12 +53,17 @@ def test_a_sweep_has_a_parent_run_with_a_child_per_job(sweep):
     assert first.info.status == "FINISHED" and len(children) == 2
     assert sorted(c.data.params["workers"] for c in children) == ["1", "2"]
     assert all(c.info.status == "FINISHED" and "test_accuracy" in c.data.metrics for c in children)
+    assert {c.data.tags["kspipe.workload"] for c in children} == {"reptile"}
+    assert first.data.tags["kspipe.workload"] == "reptile"
     assert all({"config.yaml", "logs", "inference_model"} <= {a.path for a in
                client.list_artifacts(c.info.run_id)} for c in children)
     assert {"comparison.csv", "comparison.png"} <= {a.path for a in
                                                     client.list_artifacts(first.info.run_id)}
     table = Path(client.download_artifacts(first.info.run_id, "comparison.csv", str(tmp))).read_text()
-    assert "workers=1" in table and "workers=2" in table and "tasks_per_s" in table
+    assert "workers=1" in table and "workers=2" in table
+    header = table.splitlines()[0].split(",")  # the metrics the Reptile workload declares
+    assert header[4:] == ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy",
+                          "train_accuracy", "tasks_per_s"]
 
 
 def test_a_failing_job_fails_its_child_and_the_parent_but_not_the_others(sweep):
@@ -159,6 +164,8 @@ def test_a_sweep_of_the_ctr_workload_compares_auc_and_samples_per_s(tmp_path):
     rows = table.read_text().splitlines()
     header = rows[0].split(",")
     assert len(rows) == 3 and "test_auc" in header and "samples_per_s" in header
+    assert "test_accuracy" not in header and "tasks_per_s" not in header
+    assert parent.data.tags["kspipe.workload"] == "ctr"
     for row in rows[1:]:
         values = dict(zip(header, row.split(",")))
         assert values["job"].startswith("datafeed.threads=")

@@ -67,7 +67,8 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         monitor.report(epoch_done=epoch + 1)
         if checkpoints:  # not where the mode keeps the tables elsewhere (the servers)
             checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
-                            epoch + 1, {"epoch": epoch + 1}, cfg.train.keep_checkpoints)
+                            epoch + 1, {"epoch": epoch + 1}, cfg.train.keep_checkpoints,
+                            cfg=cfg)
     seconds = time.perf_counter() - started
     auc = monitor.auc()
     samples = per_epoch * (epochs - first_epoch)

@@ -2,7 +2,7 @@
 
 ``datafeed.desc`` names the DataFeedDesc text file and ``datafeed.train_files`` /
 ``datafeed.test_files`` the files (a folder, a glob or a list); left null, they are the
-generated click-through set (:mod:`kspipe.ctr_data`).  Each worker takes its share of the
+generated click-through set (:mod:`kspipe.datafeed.generated`).  Each worker takes its share of the
 training files (``role.split_files``) and checks them before training: a malformed line,
 a value of the wrong type, a missing file or an empty list is one clear error naming the
 file and line, never an abort inside Paddle's C++ reader.

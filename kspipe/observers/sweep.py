@@ -1,11 +1,14 @@
-"""Hydra sweeps (``kspipe -m ...``): one parent MLflow run, a child run per job, and a
-comparison of the jobs on the parent.
+"""Hydra sweeps (``kspipe -m ...``): one parent run, a child run per job, and a comparison
+of the jobs on the parent.
 
-The callback creates the parent run when the sweep starts and tells every job through
-``KSPIPE_PARENT_RUN_ID``.  A job that fails is reported on one line and recorded (its child
-run FAILED); the others still run.  At the end the parent gets ``comparison.csv`` and
-``comparison.png`` (test accuracy or AUC, and tasks/s or samples/s, per job) and ends FAILED if any job failed,
-and the command exits non-zero.
+The callback has :mod:`kspipe.observers.tracking` create the parent run when the sweep
+starts; every job's run becomes its child.  A job that fails is reported on one line and
+recorded (its child run FAILED); the others still run.  At the end the parent gets
+``comparison.csv`` and ``comparison.png``: per job, the metrics its workload declares
+(:class:`kspipe.contracts.Workload`: the headline, with ``<headline>_ci95`` as error bar
+where reported, the rate and the summary metrics; the union of them when the jobs ran
+different workloads).  The parent ends FAILED if any job failed, and the command exits
+non-zero.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import os
 
 from hydra.experimental.callback import Callback
 
-from kspipe.observers.tracking import PARENT_RUN_ENV, tracking_uri
+from kspipe.contracts import Workload
+from kspipe.observers import tracking
 
 #: Jobs of the current sweep that failed (the command's exit status depends on it).
 FAILED_JOBS: list[str] = []
@@ -40,97 +44,119 @@ def job_label(overrides) -> str | None:
     return ",".join(chosen) or None
 
 
+def sweep_workload(config) -> Workload:
+    """The workload the sweep's config runs (a job that sweeps ``stages.program`` tells its
+    own through its run's tags)."""
+    from kspipe.plugin_manager import describe_workload, get_plugin_manager
+
+    return describe_workload(get_plugin_manager(), config)
+
+
 class SweepCallback(Callback):
     def __init__(self):
-        self.client = None
         self.parent_id = None
+        self.workload: Workload | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
         FAILED_JOBS.clear()
         SWEPT_KEYS[:] = swept_keys(config.hydra.overrides.task)
         if not config.tracking.enabled:
             return
-        from mlflow import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=tracking_uri(config))
-        experiment = self.client.get_experiment_by_name(config.tracking.experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(config.tracking.experiment))
+        self.workload = sweep_workload(config)
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
         overrides = " ".join(config.hydra.overrides.task)
-        run = self.client.create_run(experiment_id, run_name=f"sweep {overrides}",
-                                     tags={"kspipe.sweep": "parent", "kspipe.overrides": overrides,
-                                           "kspipe.sweep_params": sweep})
-        self.parent_id = run.info.run_id
-        os.environ[PARENT_RUN_ENV] = self.parent_id
+        self.parent_id = tracking.start_parent_run(
+            config, f"sweep {overrides}",
+            {"kspipe.sweep": "parent", "kspipe.overrides": overrides,
+             "kspipe.sweep_params": sweep, **tracking.workload_tags(self.workload)})
 
     def on_multirun_end(self, config, **kwargs) -> None:
         if self.parent_id is None:
             return
+        status, outputs, tags = "FAILED", [], {}
         try:
-            children = self.client.search_runs(
-                [self.client.get_run(self.parent_id).info.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'",
-                order_by=["attributes.start_time ASC"])
+            jobs = tracking.child_runs(config, self.parent_id)
+            workloads = [job.workload or self.workload for job in jobs]
             folder = os.path.join(config.hydra.sweep.dir, "comparison")
             os.makedirs(folder, exist_ok=True)
-            rows = [comparison_row(child, SWEPT_KEYS) for child in children]
-            table = write_table(rows, os.path.join(folder, "comparison.csv"))
-            self.client.log_artifact(self.parent_id, table)
-            plot = plot_comparison(rows, os.path.join(folder, "comparison.png"))
-            if plot:
-                self.client.log_artifact(self.parent_id, plot)
+            columns = comparison_columns(jobs, workloads)
+            rows = [comparison_row(job, SWEPT_KEYS, w, columns) for job, w in zip(jobs, workloads)]
+            outputs = [write_table(rows, columns, os.path.join(folder, "comparison.csv")),
+                       plot_comparison(rows, workloads, os.path.join(folder, "comparison.png"))]
+            names = unique(w.name for w in workloads) or [self.workload.name]
+            tags = {"kspipe.workload": ",".join(names)}
             failed = FAILED_JOBS or [r["job"] for r in rows if r["status"] != "FINISHED"]
-            self.client.set_terminated(self.parent_id, "FAILED" if failed else "FINISHED")
+            status = "FAILED" if failed else "FINISHED"
         finally:
-            os.environ.pop(PARENT_RUN_ENV, None)
+            tracking.finish_parent_run(config, self.parent_id, status,
+                                       [path for path in outputs if path], tags)
             self.parent_id = None
 
 
-#: Compared per job: each workload's score and rate (Reptile: accuracy and tasks/s;
-#: the ctr workload: AUC and samples/s).
-COLUMNS = ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy", "tasks_per_s",
-           "test_auc", "samples_per_s"]
-SCORES = {"test_accuracy": "test accuracy", "test_auc": "test AUC"}
-RATES = {"tasks_per_s": "tasks/s", "samples_per_s": "samples/s"}
+def unique(items) -> list:
+    """``items`` without repeats, in first-seen order."""
+    return list(dict.fromkeys(items))
 
 
-def comparison_row(run, swept: list[str]) -> dict:
-    """One job of the sweep, named by the values of the swept keys."""
-    name = ", ".join(f"{k}={run.data.params.get(k, '?')}" for k in swept)
-    row = {"job": name or run.info.run_name or run.info.run_id, "run_id": run.info.run_id,
-           "status": run.info.status}
-    row.update({key: run.data.metrics.get(key) for key in COLUMNS})
+def comparison_columns(jobs: list, workloads: list[Workload]) -> list[str]:
+    """The metrics compared: per workload its headline, ``<headline>_ci95`` (where a job
+    reported it), its summary metrics and its rate; the union over the sweep's workloads."""
+    reported = {name for job in jobs for name in job.metrics}
+    columns = []
+    for workload in unique(workloads):
+        ci = workload.headline + "_ci95"
+        columns += [workload.headline, ci if ci in reported else "", *workload.shown(),
+                    workload.rate]
+    return [name for name in unique(columns) if name]
+
+
+def comparison_row(job, swept: list[str], workload: Workload, columns: list[str]) -> dict:
+    """One job of the sweep, named by its values of the swept keys."""
+    if swept and all(k in job.params for k in swept):
+        name = ", ".join(f"{k}={job.params[k]}" for k in swept)
+    else:  # a swept config group (+experiment=a,b) is no param: the run's name has it
+        name = job.name or job.run_id
+    row = {"job": name, "run_id": job.run_id, "status": job.status, "workload": workload.name}
+    row.update({key: job.metrics.get(key) for key in columns})
     return row
 
 
-def write_table(rows: list[dict], path: str) -> str:
+def write_table(rows: list[dict], columns: list[str], path: str) -> str:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["job", "run_id", "status", *COLUMNS])
+        writer = csv.DictWriter(f, fieldnames=["job", "run_id", "status", "workload", *columns])
         writer.writeheader()
         writer.writerows(rows)
     return path
 
 
-def plot_comparison(rows: list[dict], path: str) -> str | None:
-    score = next((k for k in SCORES if any(r[k] is not None for r in rows)), None)
-    if score is None:
+def label(metric: str) -> str:
+    """A metric's name for an axis: ``tasks_per_s`` is ``tasks/s``."""
+    return metric.replace("_per_s", "/s").replace("_", " ")
+
+
+def plot_comparison(rows: list[dict], workloads: list[Workload], path: str) -> str | None:
+    """Two panels, one bar per job that reported its headline: the headline (error bar
+    ``<headline>_ci95``) and the rate.  None if no job reported its headline."""
+    done = [(r, w) for r, w in zip(rows, workloads) if w.headline and r.get(w.headline) is not None]
+    if not done:
         return None
-    rate = next((k for k in RATES if any(r[k] is not None for r in rows)), "tasks_per_s")
-    done = [r for r in rows if r[score] is not None]
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r["job"] for r in done]
+    several = len(unique(w.name for _, w in done)) > 1
+    labels = [r["job"] + (f" [{w.name}]" if several else "") for r, w in done]
+    scores = [r[w.headline] for r, w in done]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.6 * len(done) + 2))
-    left.barh(labels, [r[score] for r in done], color="tab:blue",
-              xerr=[r.get(score + "_ci95") or 0 for r in done])
-    left.set_xlabel(SCORES[score])
-    left.set_xlim(0, 1)
-    right.barh(labels, [r[rate] or 0 for r in done], color="tab:orange")
-    right.set_xlabel(RATES[rate])
+    left.barh(labels, scores, color="tab:blue",
+              xerr=[r.get(w.headline + "_ci95") or 0 for r, w in done])
+    left.set_xlabel(" / ".join(label(m) for m in unique(w.headline for _, w in done)))
+    if all(0 <= s <= 1 for s in scores):  # accuracies, AUCs: the whole scale
+        left.set_xlim(0, 1)
+    right.barh(labels, [(r.get(w.rate) if w.rate else None) or 0 for r, w in done],
+               color="tab:orange")
+    right.set_xlabel(" / ".join(label(m) for m in unique(w.rate for _, w in done if w.rate)))
     right.set_yticklabels([])
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,18 +1,28 @@
 """MLflow tracking: the one place kspipe touches MLflow.
 
-Only the first worker records.  A run gets the flattened resolved config as params,
-every metric the stages report, the resolved config, the inference model and a
-learning-curve PNG as artifacts, and ends FINISHED, FAILED or KILLED.  The store is
-``cfg.tracking.uri``, by default a SQLite file ``mlflow.db`` in the working folder.
-A sweep's jobs become children of the run named by ``KSPIPE_PARENT_RUN_ID``.
+A run (the :class:`MlflowTracker` plugin): only the first worker records.  A run gets the
+flattened resolved config as params, its workload's name and metrics as tags
+(``kspipe.workload``, ``kspipe.headline``, ``kspipe.rate``, ``kspipe.summary``), every
+metric the stages report, the resolved config, the inference model and a learning-curve
+PNG of the ``curve/*`` series as artifacts, and ends FINISHED, FAILED or KILLED.
+
+A sweep (called by :mod:`kspipe.observers.sweep`): :func:`start_parent_run` makes the
+parent and names it in ``KSPIPE_PARENT_RUN_ID``, whose runs become its children;
+:func:`child_runs` reads them back as plain :class:`RunRecord` values and
+:func:`finish_parent_run` attaches the comparison and ends the parent.
+
+The store is ``cfg.tracking.uri``, by default a SQLite file ``mlflow.db`` in the working
+folder.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from kspipe import hookimpl
+from kspipe.contracts import Workload
 from kspipe.files import user_path
 
 PARENT_RUN_ENV = "KSPIPE_PARENT_RUN_ID"
@@ -25,6 +35,23 @@ def tracking_uri(cfg) -> str:
     if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///"):]):
         uri = "sqlite:///" + user_path(uri[len("sqlite:///"):])  # from where kspipe started
     return uri
+
+
+def client_for(cfg):
+    """An ``MlflowClient`` on ``cfg``'s store, with MLflow's own logging quietened."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=tracking_uri(cfg))
+
+
+def experiment_id(client, name: str) -> str:
+    """The id of the experiment ``name``, created if there is none."""
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
 
 def flatten(tree, prefix: str = "") -> dict:
@@ -40,39 +67,74 @@ def flatten(tree, prefix: str = "") -> dict:
     return out
 
 
-class MlflowTracker:
-    """The tracking plugin; one instance per plugin manager."""
+# --- the workload, as tags ----------------------------------------------------------
 
-    def __init__(self):
+
+def workload_tags(workload: Workload) -> dict:
+    """The tags that say which workload a run ran and which of its metrics tell of it."""
+    tags = {"kspipe.workload": workload.name, "kspipe.headline": workload.headline,
+            "kspipe.rate": workload.rate,
+            "kspipe.summary": ",".join(name for name in workload.shown() if name)}
+    return {key: value for key, value in tags.items() if value}
+
+
+def workload_from_tags(tags: dict) -> Workload | None:
+    """The workload :func:`workload_tags` recorded; None for a run without them."""
+    if not tags.get("kspipe.workload"):
+        return None
+    summary = tuple(name for name in tags.get("kspipe.summary", "").split(",") if name)
+    return Workload(name=tags["kspipe.workload"], headline=tags.get("kspipe.headline", ""),
+                    rate=tags.get("kspipe.rate", ""), summary=summary)
+
+
+# --- a run ------------------------------------------------------------------------
+
+
+class MlflowTracker:
+    """The tracking plugin; one instance per plugin manager.
+
+    :param pm: the registry that describes the run's workload; by default one is built
+        when first needed (a plugin is not told which manager registered it).
+    """
+
+    def __init__(self, pm=None):
+        self.pm = pm
         self.client = None
         self.run_id = None
+        self.owner = False
+        self.workload: Workload | None = None
         self.curve: dict[str, list] = {}
+
+    def describe(self, cfg) -> Workload:
+        """The workload ``cfg`` runs, as the plugin serving ``stages.program`` declares it."""
+        from kspipe.plugin_manager import describe_workload, get_plugin_manager
+
+        if self.workload is None:
+            if self.pm is None:
+                self.pm = get_plugin_manager()
+            self.workload = describe_workload(self.pm, cfg)
+        return self.workload
 
     @hookimpl
     def kspipe_run_start(self, cfg, role, run_dir):
         if not cfg.tracking.enabled or not role.is_first_worker():
             return
-        import logging
-
-        from mlflow import MlflowClient
         from mlflow.entities import Param
         from omegaconf import OmegaConf
 
-        for name in ("mlflow", "alembic"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        self.client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        self.client = client_for(cfg)
         self.curve = {}
+        self.workload = None
         self.owner = not (os.environ.get(RUN_ENV) and not role.is_launcher)
         if not self.owner:
             self.run_id = os.environ[RUN_ENV]
             return
-        experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(cfg.tracking.experiment))
-        tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir}
+        tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
+                **workload_tags(self.describe(cfg))}
         if os.environ.get(PARENT_RUN_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
-        run = self.client.create_run(experiment_id, run_name=cfg.tracking.run_name, tags=tags)
+        run = self.client.create_run(experiment_id(self.client, cfg.tracking.experiment),
+                                     run_name=cfg.tracking.run_name, tags=tags)
         self.run_id = run.info.run_id
         if role.is_launcher:
             os.environ[RUN_ENV] = self.run_id  # inherited by the processes it starts
@@ -109,9 +171,11 @@ class MlflowTracker:
     def kspipe_run_end(self, cfg, metrics, run_dir):
         if self.run_id is None:
             return
-        plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"))
-        if plot:
-            self.client.log_artifact(self.run_id, plot)
+        if any(name.startswith("curve/") for name in self.curve):
+            plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
+                                  self.describe(cfg).headline)
+            if plot:
+                self.client.log_artifact(self.run_id, plot)
         if self.owner:
             self._end("FINISHED")
         else:
@@ -130,8 +194,9 @@ class MlflowTracker:
         self.run_id = None
 
 
-def learning_curve(curve: dict, path: str) -> str | None:
-    """Plot the accuracy curves (and the baseline) to ``path``; None if there is nothing."""
+def learning_curve(curve: dict, path: str, headline: str = "") -> str | None:
+    """Plot the ``curve/*`` series (and ``baseline_<headline>`` as a line, when reported) to
+    ``path``; None if there is nothing to plot."""
     series = {k: v for k, v in curve.items() if k.startswith("curve/")}
     if not series:
         return None
@@ -141,18 +206,76 @@ def learning_curve(curve: dict, path: str) -> str | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    values = []
     for name, points in sorted(series.items()):
-        steps, values = zip(*points)
-        ax.plot(steps, values, marker="o", label=name.split("/", 1)[1])
-    if "baseline_test_accuracy" in curve:
-        ax.axhline(curve["baseline_test_accuracy"][-1][1], color="grey", linestyle="--",
-                   label="baseline test accuracy")
-    ax.set_xlabel("meta-iteration")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
+        steps, ys = zip(*points)
+        values.extend(ys)
+        ax.plot(steps, ys, marker="o", label=name.split("/", 1)[1])
+    baseline = f"baseline_{headline}"
+    if headline and baseline in curve:
+        level = curve[baseline][-1][1]
+        values.append(level)
+        ax.axhline(level, color="grey", linestyle="--", label=baseline.replace("_", " "))
+    ax.set_xlabel("step")
+    if all(0 <= v <= 1 for v in values):  # accuracies, AUCs: the whole scale
+        ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# --- a sweep: one parent run, a child run per job -------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A sweep job's run as the comparison reads it (no MLflow type leaves this module).
+
+    :param workload: what the run's tags say it ran; None for a run without them.
+    """
+
+    run_id: str
+    name: str | None
+    status: str
+    params: dict
+    metrics: dict
+    workload: Workload | None
+
+
+def start_parent_run(cfg, run_name: str, tags: dict) -> str:
+    """Create a sweep's parent run and name it in ``KSPIPE_PARENT_RUN_ID``, so the runs of
+    the jobs (in this process or the ones it starts) become its children; return its id."""
+    client = client_for(cfg)
+    run = client.create_run(experiment_id(client, cfg.tracking.experiment),
+                            run_name=run_name, tags=tags)
+    os.environ[PARENT_RUN_ENV] = run.info.run_id
+    return run.info.run_id
+
+
+def child_runs(cfg, parent_id: str) -> list[RunRecord]:
+    """The runs of the sweep ``parent_id``, first started first."""
+    client = client_for(cfg)
+    found = client.search_runs([client.get_run(parent_id).info.experiment_id],
+                               filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+                               order_by=["attributes.start_time ASC"])
+    return [RunRecord(run_id=run.info.run_id, name=run.info.run_name, status=run.info.status,
+                      params=dict(run.data.params), metrics=dict(run.data.metrics),
+                      workload=workload_from_tags(run.data.tags)) for run in found]
+
+
+def finish_parent_run(cfg, parent_id: str, status: str, artifacts=(), tags=None) -> None:
+    """Attach ``artifacts`` (files) and ``tags`` to the parent run and end it with ``status``
+    (``FINISHED`` or ``FAILED``); ``KSPIPE_PARENT_RUN_ID`` is cleared whatever happens."""
+    try:
+        client = client_for(cfg)
+        for path in artifacts:
+            client.log_artifact(parent_id, path)
+        for key, value in (tags or {}).items():
+            client.set_tag(parent_id, key, value)
+        client.set_terminated(parent_id, status)
+    finally:
+        if os.environ.get(PARENT_RUN_ENV) == parent_id:
+            del os.environ[PARENT_RUN_ENV]

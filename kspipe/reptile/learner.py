@@ -149,7 +149,7 @@ class ReptileLearner:
         """Write every persistable and the iteration to ``folder/checkpoint-<iteration>``."""
         return checkpoint.save(self.p.train, self.scope, folder, iteration,
                                {"meta_iteration": iteration, "tasks_done": self.tasks_done},
-                               self.cfg.train.keep_checkpoints)
+                               self.cfg.train.keep_checkpoints, cfg=self.cfg)
 
     def load_checkpoint(self, path: str) -> int:
         """Load a checkpoint (or the newest one in a folder); returns its meta-iteration."""

@@ -1,0 +1,28 @@
+"""The ``cluster`` config group of the distributed modes (``mode=pserver`` and ``mode=collective``).
+
+:class:`ClusterConfig` is the group's schema (option ``modes``, registered by
+:func:`kspipe.schema.register_schemas`): Hydra refuses a misspelt key or a value of the wrong
+type while it composes the config; the modes check the values themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class ClusterConfig:
+    """How the processes of a distributed job exchange updates, and where they run."""
+
+    strategy: str = "async"   # sync | async | geo (half_async is refused: Paddle 2.6.2 has none)
+    k_steps: int = 1          # geo: meta-iterations between exchanges with the servers
+    wait_push: bool = True    # async: wait until a push is sent before pulling (~100 ms, exact)
+    host: Optional[str] = None     # this host's address when the endpoint lists name several hosts
+    threads: Optional[int] = None  # math threads per worker; default: cores / workers on this host
+    timeout_s: Optional[float] = None  # stop the job if it runs longer (seconds)
+
+
+def register(store) -> None:
+    """Store the ``cluster`` schema in Hydra's ``store`` as its option ``modes``."""
+    store.store(group="cluster", name="modes", node=ClusterConfig)

@@ -1,0 +1,66 @@
+"""Reptile's config groups, ``task``, ``model``, ``train`` and ``eval``, and their defaults.
+
+Each dataclass is the schema of its group (registered as option ``reptile`` of it, see
+:func:`kspipe.schema.register_schemas`), so a misspelt key (``train.meta_iter``) or a value
+of the wrong type (``train.meta_iters=abc``) is refused while Hydra composes the config.
+Ranges (``train.meta_batch >= 1`` ...) are the plugin's ``kspipe_check_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TaskConfig:
+    """A few-shot task: ``ways`` classes with ``shots`` support images each."""
+
+    ways: int = 5            # classes per task
+    shots: int = 5           # support images per class when evaluating
+
+
+@dataclass
+class ModelConfig:
+    """The Reptile paper's conv net."""
+
+    layers: int = 4
+    filters: int = 64
+    stride: int = 2
+    pool: bool = False
+
+
+@dataclass
+class TrainConfig:
+    """Meta-training: the outer loop of meta-iterations and the inner Adam steps of each task."""
+
+    meta_iters: int = 1000   # meta-iterations (outer steps)
+    meta_batch: int = 5      # tasks per meta-iteration
+    inner_iters: int = 5     # Adam steps per task
+    inner_batch: int = 10    # images per Adam step
+    shots: int = 10          # images per class in a training task (the paper's train-shots)
+    inner_lr: float = 0.001  # Adam's step size (beta1 = 0)
+    meta_step: float = 1.0   # meta step size at the start ...
+    meta_step_final: float = 0.0  # ... annealed linearly to this
+    checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2
+
+
+@dataclass
+class EvalConfig:
+    """The evaluations: before and after meta-training, and the learning curve between."""
+
+    tasks: int = 200         # test tasks of the final (and baseline) evaluation
+    train_tasks: int = 20    # training tasks of the final evaluation (train_accuracy)
+    queries: int = 1         # query images per class
+    inner_iters: int = 50    # Adam steps on a test task's support set
+    inner_batch: int = 5
+    baseline: bool = True    # also evaluate the model before meta-training
+    interval: int = 100      # meta-iterations between learning-curve points (0: none)
+    interval_tasks: int = 10  # tasks per learning-curve point
+
+
+def register(store) -> None:
+    """Store each group's schema in Hydra's ``store`` as its option ``reptile``."""
+    for group, schema in (("task", TaskConfig), ("model", ModelConfig), ("train", TrainConfig),
+                          ("eval", EvalConfig)):
+        store.store(group=group, name="reptile", node=schema)

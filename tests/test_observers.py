@@ -1,0 +1,101 @@
+"""The observers: MLflow is touched in tracking.py only, and the sweep's comparison and the
+learning curve show the metrics each workload declares, not names written into them."""
+
+import csv
+import os
+import re
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from kspipe.contracts import Workload
+from kspipe.observers import sweep, tracking
+from kspipe.observers.tracking import RunRecord
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kspipe"
+IMPORTS_MLFLOW = re.compile(r"^\s*(import mlflow|from mlflow[\s.])", re.MULTILINE)
+
+REPTILE = Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
+                   summary=("test_accuracy", "baseline_test_accuracy", "tasks_per_s"))
+CTR = Workload(name="ctr", headline="test_auc", rate="samples_per_s",
+               summary=("test_auc", "train_auc", "samples_per_s"))
+
+
+def test_only_the_tracking_module_imports_mlflow():
+    importers = {str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
+                 if IMPORTS_MLFLOW.search(path.read_text())}
+    assert importers == {"kspipe/observers/tracking.py"}
+
+
+def job(run_id, params, metrics, workload=None, status="FINISHED"):
+    return RunRecord(run_id=run_id, name=None, status=status, params=params, metrics=metrics,
+                     workload=workload)
+
+
+def test_a_comparison_shows_each_workloads_declared_metrics_and_their_union(tmp_path):
+    jobs = [job("a", {"stages.program": "reptile"},
+                {"test_accuracy": 0.6, "test_accuracy_ci95": 0.05, "tasks_per_s": 40.0,
+                 "baseline_test_accuracy": 0.3, "train_loss": 1.0}, REPTILE),
+            job("b", {"stages.program": "ctr"},
+                {"test_auc": 0.7, "train_auc": 0.72, "samples_per_s": 9000.0}, CTR),
+            job("c", {"stages.program": "reptile"}, {}, None, status="FAILED")]
+    workloads = [j.workload or REPTILE for j in jobs]
+    columns = sweep.comparison_columns(jobs, workloads)
+    assert columns == ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy",
+                       "tasks_per_s", "test_auc", "train_auc", "samples_per_s"]
+    rows = [sweep.comparison_row(j, ["stages.program"], w, columns) for j, w in zip(jobs, workloads)]
+    table = sweep.write_table(rows, columns, str(tmp_path / "comparison.csv"))
+    read = list(csv.DictReader(open(table)))
+    assert [r["job"] for r in read] == ["stages.program=reptile", "stages.program=ctr",
+                                        "stages.program=reptile"]
+    assert [r["workload"] for r in read] == ["reptile", "ctr", "reptile"]
+    assert read[1]["test_auc"] == "0.7" and read[1]["test_accuracy"] == ""
+    assert sweep.plot_comparison(rows, workloads, str(tmp_path / "comparison.png"))
+    assert (tmp_path / "comparison.png").stat().st_size > 0
+
+
+def test_no_ci95_column_where_no_job_reported_one():
+    jobs = [job("a", {}, {"test_auc": 0.7, "samples_per_s": 10.0}, CTR)]
+    assert sweep.comparison_columns(jobs, [CTR]) == ["test_auc", "train_auc", "samples_per_s"]
+
+
+def test_the_workload_survives_its_tags():
+    assert tracking.workload_from_tags(tracking.workload_tags(CTR)) == Workload(
+        name="ctr", headline="test_auc", rate="samples_per_s", summary=CTR.summary)
+    assert tracking.workload_from_tags({"mlflow.runName": "x"}) is None
+
+
+def test_the_learning_curve_plots_any_curve_series_and_the_headlines_baseline(tmp_path):
+    curve = {"curve/train_loss": [(1, 2.0), (2, 1.5)], "curve/val_loss": [(1, 2.2), (2, 1.9)],
+             "baseline_val_loss": [(0, 2.5)], "other": [(1, 3.0)]}
+    assert tracking.learning_curve(curve, str(tmp_path / "c.png"), "val_loss")
+    assert tracking.learning_curve({"other": [(1, 3.0)]}, str(tmp_path / "d.png"), "x") is None
+
+
+def test_a_parent_run_gets_its_children_artifacts_and_status(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # MLflow's artifact folder is relative to it
+    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+    cfg = OmegaConf.create({"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                         "experiment": "kspipe"}})
+    parent = tracking.start_parent_run(cfg, "sweep x=1,2", tracking.workload_tags(REPTILE))
+    assert os.environ[tracking.PARENT_RUN_ENV] == parent
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    experiment = client.get_run(parent).info.experiment_id
+    for x in (1, 2):
+        child = client.create_run(experiment, tags={"mlflow.parentRunId": parent,
+                                                    **tracking.workload_tags(REPTILE)})
+        client.log_param(child.info.run_id, "x", x)
+        client.log_metric(child.info.run_id, "test_accuracy", x / 10)
+        client.set_terminated(child.info.run_id, "FINISHED")
+    children = tracking.child_runs(cfg, parent)
+    assert [(c.params["x"], c.metrics["test_accuracy"], c.workload.name) for c in children] == \
+        [("1", 0.1, "reptile"), ("2", 0.2, "reptile")]
+    (tmp_path / "comparison.csv").write_text("job\n")
+    tracking.finish_parent_run(cfg, parent, "FINISHED", [str(tmp_path / "comparison.csv")],
+                               {"kspipe.workload": "reptile"})
+    assert tracking.PARENT_RUN_ENV not in os.environ
+    run = client.get_run(parent)
+    assert run.info.status == "FINISHED" and run.data.tags["kspipe.workload"] == "reptile"
+    assert [a.path for a in client.list_artifacts(parent)] == ["comparison.csv"]

@@ -1,0 +1,263 @@
+"""The plugin contract: an installed plugin cannot take a built-in's name, and the import
+rules of docs/design.md hold (core modules import no plugin package, workloads import no
+mode, only the tracking observer imports MLflow, no import cycle)."""
+
+import ast
+import sys
+import types
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from kspipe.plugin_manager import builtin_plugins, get_plugin_manager
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kspipe"
+
+
+# --- an installed plugin whose name is taken ----------------------------------------
+
+
+def fake_distribution(package: str, entry_points: dict):
+    """A distribution named ``package`` whose ``kspipe`` entry points are ``entry_points``."""
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+
+    class FakeDist(metadata.Distribution):
+        def read_text(self, filename):
+            if filename == "METADATA":
+                return f"Name: {package}\nVersion: 1.0\n"
+            if filename == "entry_points.txt":
+                return "[kspipe]\n" + lines
+            return None
+
+        def locate_file(self, path):
+            return path
+
+    return FakeDist()
+
+
+def fake_plugin(monkeypatch, module_name: str) -> types.ModuleType:
+    module = types.ModuleType(module_name)
+    exec("from kspipe import hookimpl\n"
+         "@hookimpl\n"
+         "def kspipe_config_dirs():\n"
+         f"    return ['pkg://{module_name}']\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module_name, module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["reptile", "collective", "mlflow"])
+def test_an_installed_plugin_with_a_builtin_name_is_not_loaded_and_warned_of(
+        monkeypatch, capsys, name):
+    collider = fake_plugin(monkeypatch, "kspipe_fake_collider")
+    newcomer = fake_plugin(monkeypatch, "kspipe_fake_newcomer")
+    dist = fake_distribution("kspipe-collider", {name: "kspipe_fake_collider",
+                                                 "newcomer": "kspipe_fake_newcomer"})
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([dist]))
+
+    pm = get_plugin_manager(load_entrypoints=True)
+
+    builtin = dict(builtin_plugins())[name]
+    assert type(pm.get_plugin(name)) is type(builtin)  # still the built-in
+    if isinstance(builtin, types.ModuleType):
+        assert pm.get_plugin(name) is builtin
+    assert not pm.is_registered(collider)
+    assert ["pkg://kspipe_fake_collider"] not in pm.hook.kspipe_config_dirs()
+    assert pm.get_plugin("newcomer") is newcomer  # the package's other plugin loads
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert lines == [f"kspipe: warning: the installed plugin {name!r} of kspipe-collider is "
+                     f"not loaded: a built-in or earlier plugin has that name; rename its "
+                     f"entry point"]
+
+
+def test_a_second_package_with_a_taken_name_is_not_loaded(monkeypatch, capsys):
+    first = fake_plugin(monkeypatch, "kspipe_fake_first")
+    second = fake_plugin(monkeypatch, "kspipe_fake_second")
+    dists = [fake_distribution("kspipe-first", {"blobs": "kspipe_fake_first"}),
+             fake_distribution("kspipe-second", {"blobs": "kspipe_fake_second"})]
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter(dists))
+
+    pm = get_plugin_manager(load_entrypoints=True)
+
+    assert pm.get_plugin("blobs") is first
+    assert not pm.is_registered(second)
+    assert "the installed plugin 'blobs' of kspipe-second is not loaded" in capsys.readouterr().err
+
+
+# --- the import rules ---------------------------------------------------------------
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the kspipe package: ``{"kspipe.modes.role": path}``."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = module_files()
+
+
+def is_type_checking(node) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(module: str, module_level: bool = True, skip_functions: tuple = ()) -> list:
+    """``(imported module, line)`` of ``module``'s imports: at module level only (not inside
+    functions; class bodies and ``if``/``try`` blocks count), or everywhere but in the
+    functions named ``skip_functions``.  ``from a import b`` names ``a.b`` when that is a
+    kspipe module, else ``a``."""
+    path = MODULES[module]
+    is_package = path.name == "__init__.py"
+    found = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                if module_level or getattr(child, "name", None) in skip_functions:
+                    continue
+            if isinstance(child, ast.If) and is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[:len(base) - child.level + 1]
+                    source = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    source = child.module
+                for alias in child.names:
+                    full = f"{source}.{alias.name}"
+                    found.append((full if full in MODULES else source, child.lineno))
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def within(name: str, packages) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+PLUGIN_PACKAGES = ("kspipe.modes", "kspipe.reptile", "kspipe.ctr", "kspipe.datafeed",
+                   "kspipe.fewshot", "kspipe.observers", "kspipe.openks",
+                   "kspipe.data", "kspipe.role")  # the last two re-export plugin modules
+CORE = ("pipeline", "plugin_manager", "hookspecs", "contracts", "errors", "config", "files",
+        "reporting", "checkpoint", "inference", "compiling")
+WORKLOADS = ("kspipe.reptile", "kspipe.ctr")
+MODES = ("kspipe.modes",)
+
+
+def test_the_rules_see_the_modules():
+    assert {f"kspipe.{name}" for name in CORE} <= set(MODULES)
+    assert any(within(m, WORKLOADS) for m in MODULES)
+    builtins = imports("kspipe.plugin_manager", module_level=False)  # builtin_plugins' too
+    assert any(within(name, PLUGIN_PACKAGES) for name, _ in builtins)
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_core_modules_import_no_plugin_package(name):
+    module = f"kspipe.{name}"
+    if name == "plugin_manager":  # anywhere but builtin_plugins, which lists the built-ins
+        found = imports(module, module_level=False, skip_functions=("builtin_plugins",))
+    else:
+        found = imports(module)
+    bad = [f"line {line}: {imported}" for imported, line in found
+           if within(imported, PLUGIN_PACKAGES)]
+    assert not bad, f"{module} imports plugin packages: {bad}"
+
+
+def test_workloads_import_no_mode():
+    bad = [f"{module} line {line}: {imported}"
+           for module in MODULES if within(module, WORKLOADS)
+           for imported, line in imports(module, module_level=False)
+           if within(imported, MODES + ("kspipe.role",))]
+    assert not bad, f"workloads import modes (ask the role instead): {bad}"
+
+
+def test_modes_import_no_workload_or_data_set():
+    bad = [f"{module} line {line}: {imported}"
+           for module in MODULES if within(module, MODES)
+           for imported, line in imports(module, module_level=False)
+           if within(imported, WORKLOADS + ("kspipe.datafeed", "kspipe.fewshot"))]
+    assert not bad, f"modes import workloads or data sets: {bad}"
+
+
+def test_nothing_outside_the_observers_imports_them_at_module_level():
+    bad = [f"{module} line {line}: {imported}"
+           for module in MODULES if not within(module, ("kspipe.observers",))
+           for imported, line in imports(module)
+           if within(imported, ("kspipe.observers",))]
+    assert not bad, bad
+
+
+def test_only_the_tracking_observer_imports_mlflow():
+    sources = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
+    sources += [p for p in (ROOT / "plugins").glob("*/kspipe_*/**/*.py")]
+    allowed = PACKAGE / "observers" / "tracking.py"
+    bad = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(within(n, ("mlflow",)) for n in names) and path != allowed:
+                bad.append(f"{path.relative_to(ROOT)} line {node.lineno}")
+    assert not bad, f"only kspipe/observers/tracking.py may import mlflow: {bad}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module: {imported for imported, _ in imports(module) if imported in MODULES
+                     and imported != module}
+            for module in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_kspipe_modules_import_one_another_without_a_cycle():
+    graph = import_graph()
+    assert sum(len(v) for v in graph.values()) > 20  # the graph saw the imports
+    assert not cycles(graph), f"import cycles among kspipe modules: {cycles(graph)}"
