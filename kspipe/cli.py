@@ -15,6 +15,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
 import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
+from kspipe import stopping  # noqa: E402
 from kspipe.errors import KspipeError, print_error  # noqa: E402
 from kspipe.schema import register_schemas  # noqa: E402
 
@@ -35,6 +36,7 @@ def main() -> None:
         from kspipe.datafeed.cli import main as datafeed_main
 
         sys.exit(datafeed_main(args[1:]))
+    stopping.install()
     try:
         _pm = get_plugin_manager()
         extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
@@ -193,9 +195,10 @@ def hydra_main(cfg) -> None:
             FAILED_JOBS.append(f"{job}: {err}")
             return
         fail(err)
-    except KeyboardInterrupt:
-        print("kspipe: interrupted", file=sys.stderr, flush=True)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:
+        print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
+                    f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
+        sys.exit(getattr(stop, "exit_code", 130))
     print_summary(cfg, metrics)
 
 
@@ -203,6 +206,9 @@ def print_summary(cfg, metrics: dict) -> None:
     """The closing line: the metrics the workload names (its headline and rate first)."""
     from kspipe.plugin_manager import describe_workload
 
+    if not metrics:  # a host of a job across hosts without worker 0
+        print(f"kspipe: done: this host's part (run folder {cfg.run_dir})", flush=True)
+        return
     workload = describe_workload(_pm, cfg)
     shown = []
     for name in workload.shown():

@@ -147,12 +147,13 @@ def validate(cfg) -> None:
     """Raise :class:`ConfigError` for the first value out of range.
 
     ``workers`` and ``servers`` are a count or an endpoint list, so no schema type checks
-    them: a string is an endpoint list, checked by the mode; anything else a count.
+    them: here, in every mode, each must be a whole count of at least 1 or a ``host:port``
+    list.
     """
+    from kspipe.modes.launch import parse_endpoints
+
     for key in ("workers", "servers"):
-        value = cfg.get(key)
-        if not isinstance(value, str):
-            check_integer(value, key, 1)
+        parse_endpoints(cfg.get(key), key)
 
 
 def check_keys(cfg, minimums: dict, numbers: tuple = ()) -> None:

@@ -15,18 +15,23 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
+    from kspipe import stopping
     from kspipe.errors import KspipeError, print_error
     from kspipe.pipeline import run
 
     if len(argv) != 1:
         print("usage: python -m kspipe.worker <job.yaml>", file=sys.stderr)
         return 2
+    stopping.install()
     cfg = OmegaConf.load(argv[0])
     try:
         run(cfg)
     except KspipeError as err:
         print_error(err)
         return err.exit_code
+    except stopping.Preempted as stop:
+        print_error(f"stopped by {stop.name}")
+        return stop.exit_code
     return 0
 
 

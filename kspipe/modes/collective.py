@@ -31,6 +31,7 @@ import numpy as np
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.modes.hosts import job_hosts
 from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, launch_plan, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 
@@ -333,6 +334,11 @@ class CollectiveLauncher(Role):
                               f"a collective job runs one worker per GPU")
         self.cfg = cfg
         self.devices = devices
+        self.hosts = job_hosts("collective", cfg)
+
+    def is_first_worker(self) -> bool:
+        """Whether worker 0 runs on this host (its launcher records the run)."""
+        return self.hosts is None or self.hosts.is_first
 
     def refuses(self, needs, cfg) -> str | None:
         return CollectiveRole.refuses(self, needs, cfg)
@@ -344,4 +350,5 @@ class CollectiveLauncher(Role):
                            threads=cfg.cluster.threads, devices=self.devices,
                            log_dir=os.path.join(reporter.run_dir, "debug"))
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
-        return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})")
+        return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})",
+                           hosts=self.hosts)

@@ -21,6 +21,9 @@ class ClusterConfig:
     host: Optional[str] = None     # this host's address when the endpoint lists name several hosts
     threads: Optional[int] = None  # math threads per worker; default: cores / workers on this host
     timeout_s: Optional[float] = None  # stop the job if it runs longer (seconds)
+    # a job across hosts: the first host's launcher listens here (default: worker 0's port + 2)
+    control_port: Optional[int] = None
+    hosts_timeout_s: float = 300.0  # ... and fails if another host's launcher has not come
 
 
 def register(store) -> None:

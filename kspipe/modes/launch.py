@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from kspipe.errors import ClusterError, ConfigError, check_integer
 from kspipe.files import WORKDIR_ENV, workdir
@@ -62,19 +62,35 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def parse_endpoints(value, key: str) -> list[str] | None:
-    """An endpoint list ``host:port,...`` from the config, or None for a count."""
-    if isinstance(value, int) or value is None:
+    """An endpoint list from the config, or None for a count.
+
+    The list is ``[host:port,...]`` (Hydra's list syntax, as a YAML list) or a quoted string
+    ``'host:port,...'``; anything else must be a whole count of at least 1.
+    """
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple, ListConfig)):
+        items = [str(item) for item in value]
+    else:
+        check_integer(value, key, 1)
         return None
-    endpoints = [e.strip() for e in str(value).split(",") if e.strip()]
+    endpoints = [e.strip() for e in items if e.strip()]
     if not endpoints:
         raise ConfigError(f"{key}={value!r} is neither a count nor a host:port list")
     for endpoint in endpoints:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{key}: {endpoint!r} is not host:port")
+            raise ConfigError(f"{key}: {endpoint!r} is not host:port (a count of at least 1 "
+                              f"or a host:port list, e.g. {key}=[10.0.0.1:7001,10.0.0.2:7001])")
     if len(set(endpoints)) != len(endpoints):
         raise ConfigError(f"{key}: an endpoint appears twice in {value}")
     return endpoints
+
+
+def process_count(value, key: str) -> int:
+    """How many processes ``value`` (a count or an endpoint list) names."""
+    listed = parse_endpoints(value, key)
+    return len(listed) if listed is not None else int(value)
 
 
 @dataclass
@@ -110,7 +126,7 @@ class Cluster:
                           os.path.join(self.run_dir, JOB_FILE)]
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-                                 cwd=cwd or self.run_dir)
+                                 cwd=cwd or self.run_dir, preexec_fn=_die_with_parent)
         process = Process(role, index, popen, log_path)
         echo = self.echo_first_worker if (role == "worker" and index == 0) else False
         thread = threading.Thread(target=_copy_output, args=(popen.stdout, log, echo), daemon=True)
@@ -119,10 +135,15 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def wait(self, timeout_s: float | None = None, poll_s: float = 0.2) -> None:
-        """Return when every worker exited 0 (servers are then stopped); raise on a failure."""
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.2, check=None) -> None:
+        """Return when every worker exited 0 (servers are then stopped); raise on a failure,
+        or when ``check()`` names one elsewhere (another host's)."""
         started = time.monotonic()
         while True:
+            failure = check() if check is not None else None
+            if failure:
+                self.stop()
+                raise ClusterError(f"{failure}; this host's processes were stopped")
             for p in self.processes:
                 code = p.popen.poll()
                 if code not in (None, 0):
@@ -165,6 +186,19 @@ class Cluster:
             _signal_group(p.popen, signal.SIGKILL)  # anything it left behind in its group
             for thread in p.threads:
                 thread.join(timeout=2)
+
+
+def _die_with_parent() -> None:
+    """In a started process: be killed when the launcher dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's own stop() remains
+        pass
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def _signal_group(popen, sig) -> None:
@@ -221,29 +255,55 @@ def error_line(path: str) -> str | None:
     return lines[-1][len("kspipe: error:"):].strip() if lines else None
 
 
-def run_cluster(cfg, reporter, plan: list["Planned"], description: str) -> dict:
+def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=None) -> dict:
     """Start the processes of ``plan``, wait, return the job's metrics.
 
     The processes run the stages from ``<run_dir>/job.yaml``; the first worker writes
     ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts, also when the
-    job fails.
+    job fails.  ``hosts`` (:class:`kspipe.modes.hosts.JobHosts`): the job spans several
+    hosts, whose launchers watch each other; on a host without worker 0 the result is
+    ``{}`` (worker 0's host records the run).
     """
+    from kspipe.modes.hosts import HostLink
+
     run_dir = reporter.run_dir
     write_job(cfg, run_dir)
     cluster = Cluster(run_dir)
-    reporter.say(f"starting {description}; logs in {cluster.log_dir}")
+    link = HostLink(hosts, cfg.cluster.hosts_timeout_s) if hosts else None
     try:
+        if link:
+            link.open(reporter.say)
+        reporter.say(f"starting {description}; logs in {cluster.log_dir}")
         for p in plan:
             cluster.start(p.role, p.index, p.env)
-        cluster.wait(cfg.cluster.timeout_s)
+        cluster.wait(cfg.cluster.timeout_s, check=link.failure if link else None)
+    except BaseException as err:
+        if link:
+            link.close(failure=why_stopped(err))
+        raise
     finally:
         cluster.stop()
         reporter.artifact(cluster.log_dir, "logs")
+    if link:
+        link.close()
+        if not hosts.is_first:
+            reporter.say(f"this host's part of the job finished; {hosts.first} (worker 0's "
+                         f"host) records the run")
+            return {}
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path):
         raise ClusterError(f"the job ended without results; logs in {cluster.log_dir}")
     with open(path) as f:
         return json.load(f)
+
+
+def why_stopped(err: BaseException) -> str:
+    """A launcher's failure, for the other hosts."""
+    from kspipe.stopping import Preempted
+
+    if isinstance(err, Preempted):
+        return f"its launcher was stopped by {err.name}"
+    return str(err) or f"its launcher was stopped ({type(err).__name__})"
 
 
 # --- the launch plan ---------------------------------------------------------------
@@ -345,7 +405,6 @@ def endpoints(value, key: str) -> list[str]:
     listed = parse_endpoints(value, key)
     if listed is not None:
         return listed
-    check_integer(value, key, 1)
     return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
 
 

@@ -11,12 +11,16 @@ import os
 
 from kspipe import hookimpl
 from kspipe.errors import ClusterError, KspipeError
-from kspipe.modes.launch import error_line, launch_plan, run_cluster
+from kspipe.modes.launch import error_line, launch_plan, process_count, run_cluster
+from kspipe.reporting import say
 from kspipe.modes.role import Role
 
 
 @hookimpl
 def kspipe_assign_role(cfg):
+    if process_count(cfg.workers, "workers") != 1:
+        say(f"workers={cfg.workers} is ignored: mode=local runs one process (mode=pserver "
+            f"or mode=collective runs several)")
     if cfg.get("isolate"):
         return IsolatedLauncher(cfg)
     return Role()
@@ -37,6 +41,7 @@ class IsolatedLauncher(Role):
         child = OmegaConf.create(OmegaConf.to_container(self.cfg, resolve=True))
         with open_dict(child):
             child.isolate = False
+            child.workers = 1  # the launcher said it ignores the count
         try:
             return run_cluster(child, reporter, launch_plan("local", 1),
                                "the job in a process of its own")

@@ -24,6 +24,7 @@ from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
+from kspipe.modes.hosts import job_hosts
 from kspipe.modes.launch import launch_plan, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 
@@ -127,8 +128,11 @@ class PserverRole(Role):
 
     def run_server(self, reporter) -> None:
         """The one server loop: serve the tables the compile stage defined until stopped."""
+        from kspipe import stopping
+
         self.fleet.init_server()
         reporter.say(f"server {self.server_index()} ready")
+        stopping.default()  # run_server blocks in C++: let SIGTERM end the process
         self.fleet.run_server()
 
 
@@ -181,6 +185,11 @@ class PserverLauncher(Role):
         super().__init__()
         self.cfg = cfg
         self.cluster = {"strategy": cfg.cluster.strategy}
+        self.hosts = job_hosts("pserver", cfg)
+
+    def is_first_worker(self) -> bool:
+        """Whether worker 0 runs on this host (its launcher records the run)."""
+        return self.hosts is None or self.hosts.is_first
 
     def refuses(self, needs, cfg) -> str | None:
         return PserverRole.refuses(self, needs, cfg)
@@ -196,4 +205,4 @@ class PserverLauncher(Role):
         if not servers and not workers:
             raise ConfigError("nothing to start on this host")
         return run_cluster(cfg, reporter, plan, f"{servers} server(s) and {workers} worker(s) "
-                           f"({cfg.cluster.strategy})")
+                           f"({cfg.cluster.strategy})", hosts=self.hosts)

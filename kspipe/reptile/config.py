@@ -38,7 +38,8 @@ class TrainConfig:
     inner_iters: int = 5     # Adam steps per task
     inner_batch: int = 10    # images per Adam step
     shots: int = 10          # images per class in a training task (the paper's train-shots)
-    inner_lr: float = 0.001  # Adam's step size (beta1 = 0)
+    inner_lr: float = 0.001  # the inner optimiser's step size
+    inner_optimizer: str = "adam"  # adam (beta1 = 0, the paper's) | sgd (plain steps)
     meta_step: float = 1.0   # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
     checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)

@@ -12,8 +12,9 @@ import time
 
 import numpy as np
 
-from kspipe import checkpoint
+from kspipe import checkpoint, stopping
 from kspipe.errors import ClusterError
+from kspipe.files import user_path
 from kspipe.fewshot.data import Prefetcher, sample_task
 from kspipe.reptile.programs import inner_batches, meta_step_size
 
@@ -76,27 +77,39 @@ class ReptileLearner:
     # --- meta-training ------------------------------------------------------------
 
     def train_tasks(self, iteration: int) -> list:
-        """The meta-batch of training tasks of ``iteration`` (images NCHW)."""
+        """The meta-batch of training tasks of ``iteration`` (images NCHW).
+
+        Task ``t = iteration * meta_batch + j`` draws from a stream keyed by ``t`` alone, so
+        the tasks of W consecutive meta-iterations are those of one meta-iteration with a
+        meta-batch W times larger: a cluster round is that larger meta-iteration.
+        """
         cfg = self.cfg
-        # the stream depends on the iteration alone, so a cluster's workers, which split the
-        # iterations between them, meet the tasks a local run meets
-        rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, iteration, 0])
         tasks = []
-        for _ in range(cfg.train.meta_batch):
+        for j in range(cfg.train.meta_batch):
+            task = iteration * cfg.train.meta_batch + j
+            rng = np.random.default_rng([cfg.seed, TRAIN_STREAM, task])
             t = sample_task(self.dataset.train, cfg.task.ways, cfg.train.shots, 0, rng)
             tasks.append((nchw(t.support_x), t.support_y, rng))
         return tasks
 
     def meta_iteration(self, iteration: int, tasks: list) -> float:
         """Adapt on each task from theta, apply the meta step, and let the mode combine
-        theta across workers; returns the mean loss."""
+        theta across workers; returns the mean loss.
+
+        W workers run the global meta-iterations of a round (``iteration // W``) side by
+        side, and the meta step size anneals over the rounds, so a cluster whose exchange
+        averages the workers' theta (sync, collective) takes the steps of one process whose
+        meta-batch is the round's tasks together.
+        """
         cfg = self.cfg.train
         losses = []
         for x, y, rng in tasks:
             self.run(self.p.restore_theta)
             losses.append(self.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng))
             self.run(self.p.accumulate)
-        eps = meta_step_size(iteration, cfg.meta_iters, cfg.meta_step, cfg.meta_step_final)
+        workers = self.role.worker_num() if self.role is not None else 1
+        eps = meta_step_size(iteration // workers, -(-cfg.meta_iters // workers), cfg.meta_step,
+                             cfg.meta_step_final)
         feed = {"meta_a": np.array([1.0 - eps], np.float32),
                 "meta_b": np.array([eps / len(tasks)], np.float32)}
         self.run(self.p.meta_update, feed)
@@ -131,6 +144,7 @@ class ReptileLearner:
         feed = Prefetcher(make, range(num_tasks))
         try:
             for k, (sx, sy, qx, qy, rng) in feed:
+                stopping.check()
                 self.run(self.p.restore_snapshot)
                 self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
                 accuracies.append(float(np.mean(self.predict(qx).argmax(axis=1) == qy)))
@@ -138,7 +152,7 @@ class ReptileLearner:
                                        {"accuracy": float(np.mean(accuracies))})
         finally:
             feed.close()
-        self.run(self.p.restore_snapshot)
+            self.run(self.p.restore_snapshot)
         acc = np.array(accuracies)
         half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
         return float(acc.mean()), float(half)
@@ -146,14 +160,35 @@ class ReptileLearner:
     # --- checkpoints --------------------------------------------------------------
 
     def save_checkpoint(self, folder: str, iteration: int) -> str:
-        """Write every persistable and the iteration to ``folder/checkpoint-<iteration>``."""
+        """Write every persistable and the progress to ``folder/checkpoint-<iteration>``.
+
+        In a cluster the first worker writes the model there; every other worker writes
+        its own state (its inner optimiser's moments) to ``folder/worker-<i>/``, so a
+        resumed cluster continues as the uninterrupted one would.
+        """
+        index = self.role.worker_index() if self.role is not None else 0
+        if index:
+            folder = os.path.join(folder, f"worker-{index}")
         return checkpoint.save(self.p.train, self.scope, folder, iteration,
                                {"meta_iteration": iteration, "tasks_done": self.tasks_done},
                                self.cfg.train.keep_checkpoints, cfg=self.cfg)
 
     def load_checkpoint(self, path: str) -> int:
-        """Load a checkpoint (or the newest one in a folder); returns its meta-iteration."""
+        """Load a checkpoint (or the newest one in a folder); returns its meta-iteration.
+
+        A worker other than the first then loads its own state saved beside it, if any.
+        """
         progress = checkpoint.load(self.p.train, self.scope, self.exe, path)
+        index = self.role.worker_index() if self.role is not None else 0
+        if index:
+            found = checkpoint.latest(user_path(path))
+            own = os.path.join(os.path.dirname(found), f"worker-{index}",
+                               os.path.basename(found))
+            if os.path.isdir(own):
+                progress = checkpoint.load(self.p.train, self.scope, self.exe, own)
+            else:
+                self.reporter.say(f"worker {index}: no state of its own beside {found}; it "
+                                  f"starts from the first worker's optimiser state")
         self.run(self.p.save_theta)
         self.tasks_done = progress["tasks_done"]
         return progress["meta_iteration"]
@@ -168,13 +203,19 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     """The whole Reptile job on this worker: baseline, meta-training with checkpoints,
     final evaluation.
 
-    Worker w of W runs the global meta-iterations w, w+W, ... (each the same count, so
-    collective steps line up).  The first worker measures the baseline and the learning
-    curve, writes checkpoints and, once every worker finished (``role.finish_training``),
-    runs the final evaluation and reports every worker's tasks/s.
+    Worker w of W runs the global meta-iterations w, w+W, ...: round r is the
+    meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
+    at the end of the rounds that cross ``train.checkpoint_every`` and at the end; the
+    first worker measures the baseline and the learning curve and, once every worker
+    finished (``role.finish_training``), runs the final evaluation.  ``tasks_per_s`` is
+    every worker's tasks over the wall-clock time of the training phase, waits, curve
+    points and checkpoints included.
+
+    In one process a stop request (SIGTERM, Ctrl-C) waits for the meta-iteration under way,
+    writes a checkpoint and then stops; ``resume=`` continues from it.
     """
     cfg, role, reporter = learner.cfg, learner.role, learner.reporter
-    workers, first = role.worker_num(), role.is_first_worker()
+    workers, index, first = role.worker_num(), role.worker_index(), role.is_first_worker()
     ckpt_dir = os.path.join(reporter.run_dir, "checkpoints")
 
     needed = cfg.task.shots + cfg.eval.queries
@@ -187,27 +228,55 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     role.init_worker(learner.scope)
     learner.run(learner.p.save_theta)
 
-    metrics = {}
-    if first and start_iter == 0 and cfg.eval.baseline:
-        acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
-                                   "baseline")
-        metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
-        reporter.metrics({"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}, 0)
+    with stopping.deferred(enabled=workers == 1):
+        metrics = {}
+        if first and start_iter == 0 and cfg.eval.baseline:
+            acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
+                                       "baseline")
+            metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
+            reporter.metrics({"baseline_test_accuracy": acc,
+                              "baseline_test_accuracy_ci95": ci}, 0)
+        started = time.time()
+        trained, done = meta_train(learner, start_iter, ckpt_dir)
+        role.finish_training(learner.scope)
+        learner.run(learner.p.save_theta)
+        learner.save_checkpoint(ckpt_dir, done)
+        ended = time.time()
 
+        fingerprints = role.all_gather(learner.fingerprint())
+        if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
+            raise ClusterError(f"the workers ended with different models (parameter sums "
+                               f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
+        metrics.update(throughput(role, trained, started, ended, cfg.train.meta_batch))
+        if not first:
+            return metrics
+        metrics.update(final_evaluation(learner))
+    if cfg.eval.interval:
+        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
+                        "curve/test_accuracy": metrics["test_accuracy"]})
+    reporter.metrics(metrics, cfg.train.meta_iters)
+    return metrics
+
+
+def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple[int, int]:
+    """This worker's meta-iterations from ``start_iter``; returns (tasks trained, global
+    meta-iterations done at the end)."""
+    cfg, role, reporter = learner.cfg, learner.role, learner.reporter
+    workers, index, first = role.worker_num(), role.worker_index(), role.is_first_worker()
     total = cfg.train.meta_iters
-    per_worker = -(-total // workers)
-    todo = [i for i in range(role.worker_index(), per_worker * workers, workers)
-            if i >= start_iter]
+    rounds = -(-total // workers)
+    todo = [r * workers + index for r in range(rounds) if r * workers + index >= start_iter]
     feed = Prefetcher(learner.train_tasks, todo, depth=3)
-    training_time, tasks_at_start = 0.0, learner.tasks_done
-    losses, shown, last_done = [], {}, start_iter
+    tasks_at_start = learner.tasks_done
+    losses, shown = [], {}
+    last_done = done = start_iter
+    started = time.perf_counter()
     try:
         for iteration, tasks in feed:
-            started = time.perf_counter()
             losses.append(learner.meta_iteration(iteration, tasks))
-            training_time += time.perf_counter() - started
-            done = iteration + 1
-            rate = (learner.tasks_done - tasks_at_start) / max(training_time, 1e-9)
+            done = iteration - index + workers  # the end of this round
+            rate = (learner.tasks_done - tasks_at_start) * workers / max(
+                time.perf_counter() - started, 1e-9)
             shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
             reporter.progress("meta-train", min(done, total), total, shown)
             if (first and cfg.eval.interval and done < total
@@ -220,34 +289,35 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
                 reporter.metrics({"curve/train_accuracy": train_acc,
                                   "curve/test_accuracy": test_acc,
                                   "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
-            if first and cfg.train.checkpoint_every and (
-                    crossed(done, last_done, cfg.train.checkpoint_every) or iteration == todo[-1]):
-                learner.save_checkpoint(ckpt_dir, min(done, total))
+            if (cfg.train.checkpoint_every and done < rounds * workers
+                    and crossed(done, last_done, cfg.train.checkpoint_every)):
+                learner.save_checkpoint(ckpt_dir, done)
             last_done = done
+            stopping.check()
+    except stopping.Preempted as stop:
+        if stop.safe and workers == 1 and done > start_iter:  # one process: keep its work
+            path = learner.save_checkpoint(ckpt_dir, done)
+            reporter.say(f"stopped after meta-iteration {done}; checkpoint {path}")
+        raise
     finally:
         feed.close()
-    trained = learner.tasks_done - tasks_at_start
-    rate = trained / training_time if trained else 0.0
-    if trained:
-        metrics.update(meta_iters_per_s=len(todo) / training_time)
-    role.finish_training(learner.scope)
-    learner.run(learner.p.save_theta)
-    fingerprints = role.all_gather(learner.fingerprint())
-    if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
-        raise ClusterError(f"the workers ended with different models (parameter sums "
-                           f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
-    rates = role.all_gather(float(rate))
-    if not first:
-        return metrics
-    metrics.update(final_evaluation(learner))
-    metrics["tasks_per_s"] = float(sum(rates))
-    if workers > 1:
-        metrics.update({f"worker{i}/tasks_per_s": r for i, r in enumerate(rates)})
-    if cfg.eval.interval:
-        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
-                        "curve/test_accuracy": metrics["test_accuracy"]})
-    reporter.metrics(metrics, total)
-    return metrics
+    return learner.tasks_done - tasks_at_start, done
+
+
+def throughput(role, trained: int, started: float, ended: float, meta_batch: int) -> dict:
+    """Tasks over the wall-clock time of the training phase: all workers' tasks over the
+    time from the first worker's start to the last one's end; each worker's own rate too."""
+    tasks = role.all_gather(float(trained))
+    starts, ends = role.all_gather(started), role.all_gather(ended)
+    out = {}
+    if sum(tasks):
+        wall = max(max(ends) - min(starts), 1e-9)
+        out["tasks_per_s"] = float(sum(tasks) / wall)
+        out["meta_iters_per_s"] = float(sum(tasks) / wall / meta_batch)
+    if len(tasks) > 1:
+        out.update({f"worker{i}/tasks_per_s": float(t / max(e - s, 1e-9))
+                    for i, (t, s, e) in enumerate(zip(tasks, starts, ends))})
+    return out
 
 
 def final_evaluation(learner: ReptileLearner) -> dict:

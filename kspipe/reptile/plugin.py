@@ -14,7 +14,8 @@ from kspipe.compiling import compile_options
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
-from kspipe.reptile.programs import build_programs
+from kspipe.errors import ConfigError
+from kspipe.reptile.programs import INNER_OPTIMIZERS, build_programs
 
 
 @hookimpl
@@ -35,12 +36,16 @@ def kspipe_check_config(cfg):
                      "eval.interval": 0, "eval.interval_tasks": 1,
                      "train.checkpoint_every": 0, "train.keep_checkpoints": 1},
                numbers=("train.inner_lr", "train.meta_step", "train.meta_step_final"))
+    if cfg.train.inner_optimizer not in INNER_OPTIMIZERS:
+        raise ConfigError(f"train.inner_optimizer={cfg.train.inner_optimizer!r} is not one of "
+                          f"{', '.join(INNER_OPTIMIZERS)}")
 
 
 @hookimpl
 def kspipe_build_program(cfg, dataset, role):
     return build_programs(image_shape=dataset.image_shape, ways=cfg.task.ways,
-                          model=cfg.model, inner_lr=cfg.train.inner_lr, seed=cfg.seed)
+                          model=cfg.model, inner_lr=cfg.train.inner_lr, seed=cfg.seed,
+                          inner_optimizer=cfg.train.inner_optimizer)
 
 
 @hookimpl

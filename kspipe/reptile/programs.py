@@ -52,18 +52,24 @@ class ReptilePrograms:
         return self.compiled_train if self.compiled_train is not None else self.train
 
 
-def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int) -> ReptilePrograms:
+INNER_OPTIMIZERS = ("adam", "sgd")
+
+
+def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int,
+                   inner_optimizer: str = "adam") -> ReptilePrograms:
     """Build every program of a Reptile model for images of ``image_shape`` (H, W, C).
 
-    Variable names are the same in every build, so checkpoints load into a new process.
+    ``inner_optimizer``: ``adam`` (beta1 = 0, the paper's) or ``sgd`` (plain gradient
+    steps, no state carried between tasks).  Variable names are the same in every build,
+    so checkpoints load into a new process.
     """
     import paddle
 
     with paddle.utils.unique_name.guard():
-        return _build_programs(image_shape, ways, model, inner_lr, seed)
+        return _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer)
 
 
-def _build_programs(image_shape, ways, model, inner_lr, seed) -> ReptilePrograms:
+def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer) -> ReptilePrograms:
     import paddle
     import paddle.nn.functional as F
 
@@ -77,8 +83,11 @@ def _build_programs(image_shape, ways, model, inner_lr, seed) -> ReptilePrograms
         logits = _network(x, ways, model, fused_norm=True)
         forward = train.clone()
         loss = F.cross_entropy(logits, y)
-        optimizer = paddle.optimizer.Adam(learning_rate=inner_lr, beta1=0.0, beta2=0.999,
-                                          epsilon=1e-8)
+        if inner_optimizer == "sgd":
+            optimizer = paddle.optimizer.SGD(learning_rate=inner_lr)
+        else:
+            optimizer = paddle.optimizer.Adam(learning_rate=inner_lr, beta1=0.0, beta2=0.999,
+                                              epsilon=1e-8)
         optimizer.minimize(loss)
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()

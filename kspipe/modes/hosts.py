@@ -1,0 +1,205 @@
+"""A job across hosts: its launchers keep one connection, so a failure anywhere stops it
+everywhere.
+
+Each host runs the same ``kspipe`` command with its own ``cluster.host``.  The first host,
+the one with worker 0 (which records the run), listens on the control endpoint: worker
+0's host at ``cluster.control_port`` (default: worker 0's port + 2).  Every other host's
+launcher connects to it before starting its processes and names its host.  Then:
+
+* a launcher whose processes fail (or that is stopped by SIGTERM or Ctrl-C) sends
+  ``failed <why>`` and stops its processes; the other launchers stop theirs and fail;
+* a launcher that dies without a word (SIGKILL, a lost machine) closes the connection:
+  the same happens, naming its host (its own processes die with it: see
+  :class:`kspipe.modes.launch.Cluster`);
+* a launcher whose part finished says ``done``.
+
+The first host fails the job if a host has not connected within ``cluster.hosts_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from kspipe.errors import ClusterError, ConfigError
+
+CONNECT_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class JobHosts:
+    """The hosts of a job its endpoint lists name."""
+
+    here: str
+    first: str  # worker 0's host
+    hosts: frozenset
+    control: tuple  # (host, port) the first host listens on
+
+    @property
+    def is_first(self) -> bool:
+        return self.here == self.first
+
+    @property
+    def others(self) -> set:
+        return set(self.hosts) - {self.here}
+
+
+def job_hosts(kind: str, cfg) -> JobHosts | None:
+    """The hosts of a ``kind`` job across several hosts; None for a job on one host."""
+    from kspipe.modes.launch import parse_endpoints, this_host
+
+    workers = parse_endpoints(cfg.workers, "workers")
+    servers = parse_endpoints(cfg.servers, "servers") if kind == "pserver" else []
+    if workers is None:
+        return None
+    everyone = (servers or []) + workers
+    hosts = frozenset(e.rpartition(":")[0] for e in everyone)
+    if len(hosts) == 1:
+        return None
+    here = this_host(cfg.cluster.host, everyone)
+    first, _, port = workers[0].rpartition(":")
+    control = cfg.cluster.get("control_port") or int(port) + 2
+    taken = set(everyone) | {f"{e.rpartition(':')[0]}:{int(e.rpartition(':')[2]) + 1}"
+                             for e in (everyone[0], workers[0])}  # the gloo meeting points
+    if f"{first}:{control}" in taken:
+        raise ConfigError(f"the hosts' control endpoint {first}:{control} is an endpoint of "
+                          f"the job (or its gloo port): set cluster.control_port to a free port")
+    return JobHosts(here=here, first=first, hosts=hosts, control=(first, int(control)))
+
+
+class HostLink:
+    """This launcher's end of the job's control connections (see the module's doc)."""
+
+    def __init__(self, hosts: JobHosts, timeout_s: float = 300.0):
+        self.hosts = hosts
+        self.timeout_s = timeout_s
+        self._failure: str | None = None
+        self._peers: dict[str, socket.socket] = {}
+        self._done: set = set()
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._opened = 0.0
+        self._closing = False
+
+    # --- opening ------------------------------------------------------------------
+
+    def open(self, say) -> None:
+        """The first host listens; the others connect (retrying until the timeout)."""
+        self._opened = time.monotonic()
+        if self.hosts.is_first:
+            self._listen()
+            say(f"waiting for the launchers of {', '.join(sorted(self.hosts.others))} on "
+                f"{self._endpoint()}")
+        else:
+            say(f"connecting to the first host's launcher on {self._endpoint()}")
+            self._connect()
+
+    def _endpoint(self) -> str:
+        return "%s:%d" % self.hosts.control
+
+    def _listen(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(self.hosts.control)
+        except OSError as err:
+            listener.close()
+            raise ConfigError(f"the hosts' control endpoint {self._endpoint()} cannot be "
+                              f"opened ({err.strerror}): set cluster.control_port") from err
+        listener.listen()
+        self._listener = listener
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        lines = conn.makefile("r", encoding="utf-8", errors="replace")
+        hello = lines.readline().split()
+        if len(hello) != 2 or hello[0] != "hello" or hello[1] not in self.hosts.others:
+            conn.close()  # not one of the job's launchers
+            return
+        host = hello[1]
+        with self._lock:
+            self._peers[host] = conn
+        self._read(host, lines)
+
+    def _connect(self) -> None:
+        deadline = self._opened + self.timeout_s
+        while True:
+            try:
+                conn = socket.create_connection(self.hosts.control, timeout=5)
+                break
+            except OSError as err:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the first host's launcher did not answer on "
+                                       f"{self._endpoint()} within cluster.hosts_timeout_s="
+                                       f"{self.timeout_s:g} s ({err.strerror or err})") from err
+                time.sleep(CONNECT_RETRY_S)
+        conn.settimeout(None)
+        conn.sendall(f"hello {self.hosts.here}\n".encode())
+        first = self.hosts.first
+        with self._lock:
+            self._peers[first] = conn
+        lines = conn.makefile("r", encoding="utf-8", errors="replace")
+        threading.Thread(target=self._read, args=(first, lines), daemon=True).start()
+
+    def _read(self, host: str, lines) -> None:
+        try:
+            for line in lines:
+                word, _, why = line.strip().partition(" ")
+                if word == "done":
+                    with self._lock:
+                        self._done.add(host)
+                elif word == "failed":
+                    self._fail(f"the job failed on {host}: {why}")
+        except OSError:
+            pass
+        with self._lock:
+            done = host in self._done
+        if not done and not self._closing:
+            self._fail(f"the launcher on {host} went away (killed, or its machine was lost)")
+
+    def _fail(self, message: str) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = message
+
+    # --- watching and closing -----------------------------------------------------
+
+    def failure(self) -> str | None:
+        """Why the job failed elsewhere, if it did; Cluster.wait polls it."""
+        if (self._failure is None and self.hosts.is_first
+                and time.monotonic() - self._opened > self.timeout_s):
+            with self._lock:
+                missing = self.hosts.others - set(self._peers)
+            if missing:
+                self._fail(f"the launcher of {', '.join(sorted(missing))} did not connect to "
+                           f"{self._endpoint()} within cluster.hosts_timeout_s="
+                           f"{self.timeout_s:g} s")
+        return self._failure
+
+    def close(self, failure: str | None = None) -> None:
+        """Tell the other launchers this host's part is done (or why it failed); hang up."""
+        self._closing = True
+        message = "done\n" if failure is None else f"failed {' '.join(failure.split())}\n"
+        with self._lock:
+            peers = list(self._peers.values())
+            self._peers.clear()
+        for conn in peers:
+            try:
+                conn.sendall(message.encode())
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None

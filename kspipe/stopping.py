@@ -1,0 +1,91 @@
+"""Stopping on request: SIGTERM (what Kubernetes, Slurm, systemd and ``timeout`` send on
+preemption) and Ctrl-C.
+
+Paddle installs C++ signal handlers that print a "FatalError: Termination signal" dump and
+exit 143 with nothing cleaned up.  :func:`install` removes them and raises
+:class:`Preempted` instead, so a run unwinds like any failure: the launcher stops its
+processes, the MLflow run ends KILLED (``Preempted`` is a ``KeyboardInterrupt``) and the
+command exits ``128 + signal``.
+
+A training loop that can stop cleanly wraps itself in :func:`deferred`: the first signal
+then only asks it to stop, and the loop calls :func:`check` at its safe points (after a
+meta-iteration, between evaluation tasks) to save what it has and raise there.  A second
+signal raises at once.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+_requested: int | None = None
+_deferring = 0
+
+
+class Preempted(KeyboardInterrupt):
+    """The process was asked to stop (SIGTERM, SIGINT)."""
+
+    def __init__(self, signum: int, safe: bool = False):
+        super().__init__(signum)
+        self.signum = signum
+        self.safe = safe  # raised by check() at a safe point, not in the middle of a step
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def install() -> None:
+    """Replace Paddle's handlers of SIGTERM and SIGINT with :class:`Preempted` (main thread)."""
+    global _requested
+    import paddle
+
+    paddle.disable_signal_handler()
+    _requested = None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _handle)
+
+
+def default() -> None:
+    """Let SIGTERM end this process at once (a server blocked in C++ never returns to Python)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _handle(signum, frame) -> None:
+    global _requested
+    if _deferring and _requested is None:
+        _requested = signum
+        from kspipe.reporting import say
+
+        say(f"{signal.Signals(signum).name}: stopping after this step (send it again to "
+            f"stop at once)")
+        return
+    raise Preempted(signum)
+
+
+@contextmanager
+def deferred(enabled: bool = True):
+    """Within this block a first signal only sets the request that :func:`check` raises."""
+    global _deferring
+    if not enabled:
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+
+
+def requested() -> bool:
+    return _requested is not None
+
+
+def check() -> None:
+    """Raise :class:`Preempted` if a stop was asked for (call it at a safe point)."""
+    if _requested is not None:
+        raise Preempted(_requested, safe=True)
