@@ -1,0 +1,84 @@
+"""Preemption: SIGTERM (what Kubernetes, Slurm, systemd and ``timeout`` send) stops a local
+or cluster run within seconds, without Paddle's C++ dump; the run is KILLED, the latest
+checkpoint is on disk, no process is left, and ``resume=`` reaches the weights of a run
+that was never interrupted."""
+
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kspipe.testing import tiny_overrides
+
+CLUSTER = {"local": [],
+           "pserver": ["mode=pserver", "workers=2", "cluster.strategy=sync"],
+           "collective": ["mode=collective", "workers=2"]}
+
+
+def kspipe(tmp_path, *args):
+    return subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def final_state(run_dir: Path) -> dict:
+    path = sorted((run_dir / "checkpoints").glob("checkpoint-*/state.pdparams"))[-1]
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def job_processes(run_dir):
+    out = subprocess.run(["pgrep", "-f", f"kspipe.worker {run_dir}"], capture_output=True,
+                         text=True).stdout.split()
+    return [pid for pid in out if int(pid) != os.getpid()]
+
+
+@pytest.mark.parametrize("mode", ["local", "pserver", "collective"])
+def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_data, mode):
+    iterations = 120 if mode == "local" else 40
+    common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
+              f"train.meta_iters={iterations}", "train.checkpoint_every=4", "eval.interval=0",
+              "eval.baseline=false", *CLUSTER[mode]]
+    whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}")
+    assert whole.wait(timeout=300) == 0, whole.communicate()
+
+    cut = tmp_path / "cut"
+    job = kspipe(tmp_path, *common, f"run_dir={cut}")
+    try:
+        deadline = time.monotonic() + 120
+        while not list((cut / "checkpoints").glob("checkpoint-0000004")):
+            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, stderr = job.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, stderr
+    assert took < 30
+    assert "FatalError" not in stderr and "Traceback" not in stderr, stderr
+    assert "kspipe: error: stopped by SIGTERM" in stderr
+    for log in (cut / "logs").glob("*.log"):
+        assert "FatalError" not in log.read_text(errors="replace"), log
+    assert not job_processes(cut)
+    saved = sorted(p.name for p in (cut / "checkpoints").glob("checkpoint-*"))
+    assert saved and not any(name.endswith(".tmp") for name in saved)
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert sorted(s for (s,) in db.execute("select status from runs")) == ["FINISHED", "KILLED"]
+
+    resumed = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'resumed'}", f"resume={cut}")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert "resuming from meta-iteration" in stderr
+    expected, got = final_state(tmp_path / "whole"), final_state(tmp_path / "resumed")
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
