@@ -215,7 +215,7 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     writes a checkpoint and then stops; ``resume=`` continues from it.
     """
     cfg, role, reporter = learner.cfg, learner.role, learner.reporter
-    workers, index, first = role.worker_num(), role.worker_index(), role.is_first_worker()
+    workers, first = role.worker_num(), role.is_first_worker()
     ckpt_dir = os.path.join(reporter.run_dir, "checkpoints")
 
     needed = cfg.task.shots + cfg.eval.queries
