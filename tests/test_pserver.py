@@ -72,11 +72,14 @@ def test_a_killed_worker_stops_the_job(tmp_path, tiny_data, mode):
     assert len(client.list_artifacts(record.info.run_id, "logs")) == (3 if mode == "pserver" else 2)
 
 
-def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data):
+@pytest.mark.parametrize("syntax", ["list", "quoted"])
+def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data, syntax):
     s, w0, w1 = free_ports(3)
+    workers = (f"workers=[127.0.0.1:{w0},127.0.0.1:{w1}]" if syntax == "list"
+               else f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'")
     cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "mode=pserver", f"servers=127.0.0.1:{s}",
-                          f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'", "cluster.strategy=sync"])
+                          "mode=pserver", f"servers=[127.0.0.1:{s}]", workers,
+                          "cluster.strategy=sync"])
     metrics = run(cfg, plugin_manager())
     assert 0 <= metrics["test_accuracy"] <= 1 and "worker1/tasks_per_s" in metrics
     job = (tmp_path / "run" / "logs" / "worker.1.log").read_text()
@@ -91,6 +94,12 @@ def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data):
     (["servers=localhost"], "'localhost' is not host:port"),
     (["workers='127.0.0.1:7001,127.0.0.1:7001'"], "an endpoint appears twice"),
     (["servers=10.0.0.1:7000", "workers=10.0.0.2:7001"], "set cluster.host"),
+    (["workers=abc"], "workers: 'abc' is not host:port"),
+    (["mode=local", "workers=abc"], "workers: 'abc' is not host:port"),
+    (["mode=local", "workers=0"], "workers=0 must be at least 1"),
+    (["mode=collective", "servers=1.5"], "servers=1.5 must be an integer"),
+    (["servers=[10.0.0.1:7000]", "workers=[10.0.0.1:7001,10.0.0.2:7001]",
+      "cluster.host=10.0.0.1", "cluster.control_port=7001"], "control endpoint 10.0.0.1:7001"),
 ])
 def test_bad_cluster_settings(tmp_path, tiny_data, overrides, message):
     cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
@@ -111,3 +120,10 @@ def test_a_port_in_use_is_named(tmp_path, tiny_data):
             run(cfg, plugin_manager())
     finally:
         busy.close()
+
+
+def test_local_mode_says_it_ignores_a_worker_count(tmp_path, tiny_data, capsys):
+    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
+                          "workers=4", "train.meta_iters=1", "eval.baseline=false"])
+    run(cfg, plugin_manager())
+    assert "kspipe: workers=4 is ignored: mode=local runs one process" in capsys.readouterr().err
