@@ -59,6 +59,10 @@ class Launcher(Protocol):
     def launch(self, reporter: "Reporter") -> dict: ...
     def refuses(self, needs: frozenset, cfg: Config) -> str | None: ...
 
+    def is_first_worker(self) -> bool:
+        """Whether this launcher's host runs worker 0 (its launcher records the run; in a
+        job across hosts the others' ``launch`` returns ``{}``)."""
+
 
 @runtime_checkable
 class Reporter(Protocol):
