@@ -70,3 +70,14 @@ def test_a_cluster_learns_as_one_process_over_the_same_tasks(tmp_path, data60, l
     expected = {"logs/worker.0.log", "logs/worker.1.log"}
     assert logs == (expected | {"logs/server.0.log"} if "mode=pserver" in mode else expected)
     assert "inference_model" in {a.path for a in client.list_artifacts(record.info.run_id)}
+
+
+@pytest.mark.parametrize("options", [
+    ["train.algorithm=foml", "train.foml_tail=1"],
+    ["train.inner_optimizer=sgd", "train.inner_lr=0.1"],
+], ids=["foml", "sgd"])
+def test_other_inner_loops_learn(tmp_path, data60, local, options):
+    metrics = run(learning_cfg(tmp_path, data60, *options, "tracking.enabled=false",
+                               "eval.baseline=false"), plugin_manager())
+    assert (metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
+            > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"]), metrics

@@ -9,6 +9,7 @@ Ranges (``train.meta_batch >= 1`` ...) are the plugin's ``kspipe_check_config``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -40,6 +41,10 @@ class TrainConfig:
     shots: int = 10          # images per class in a training task (the paper's train-shots)
     inner_lr: float = 0.001  # the inner optimiser's step size
     inner_optimizer: str = "adam"  # adam (beta1 = 0, the paper's) | sgd (plain steps)
+    algorithm: str = "reptile"  # reptile | foml (first-order MAML: the last step's change)
+    foml_tail: Optional[int] = None  # foml: the last step on this many images per class, kept apart
+    replacement: bool = False  # inner batches drawn afresh each step (else shuffled passes)
+    weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the reference
     meta_step: float = 1.0   # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
     checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)
@@ -56,6 +61,7 @@ class EvalConfig:
     inner_iters: int = 50    # Adam steps on a test task's support set
     inner_batch: int = 5
     baseline: bool = True    # also evaluate the model before meta-training
+    transductive: bool = True  # queries share batch norm statistics; false: each query alone
     interval: int = 100      # meta-iterations between learning-curve points (0: none)
     interval_tasks: int = 10  # tasks per learning-curve point
 

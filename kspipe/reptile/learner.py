@@ -16,7 +16,7 @@ from kspipe import checkpoint, stopping
 from kspipe.errors import ClusterError
 from kspipe.files import user_path
 from kspipe.fewshot.data import Prefetcher, sample_task
-from kspipe.reptile.programs import inner_batches, meta_step_size
+from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
 
 # Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
 TRAIN_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, CURVE_STREAM = 1, 2, 3, 4
@@ -51,15 +51,46 @@ class ReptileLearner:
 
     def adapt(self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int,
               rng: np.random.Generator) -> float:
-        """Inner loop: ``iterations`` Adam steps on batches of (x, y); returns the last loss."""
+        """Inner loop: ``iterations`` steps on batches of (x, y); returns the last loss."""
+        return self.steps(x, y, inner_batches(len(x), batch, iterations, rng,
+                                              self.cfg.train.replacement))
+
+    def steps(self, x: np.ndarray, y: np.ndarray, batches: list, foml: bool = False) -> float:
+        """One inner step per batch of indices (weight decay first, if any); returns the last
+        loss.  ``foml``: accumulate only the last step's change (first-order MAML)."""
         loss = float("nan")
         y = y.reshape(-1, 1)
-        batches = inner_batches(len(x), batch, iterations, rng)
         for k, idx in enumerate(batches):
-            fetch = [self.p.loss] if k == len(batches) - 1 else []
+            last = k == len(batches) - 1
+            if last and foml:
+                self.run(self.p.unaccumulate)
+            if self.p.decay is not None:
+                self.run(self.p.decay)
+            fetch = [self.p.loss] if last else []
             out = self.run(self.p.train_program, {"x": x[idx], "y": y[idx]}, fetch)
             if fetch:
                 loss = float(np.asarray(out[0]).mean())
+        return loss
+
+    def adapt_to_task(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> float:
+        """A training task's inner loop, leaving in the accumulator what the algorithm's meta
+        step moves theta by: the adapted weights (Reptile) or the last step's change (FOML,
+        whose last step is on a tail of ``train.foml_tail`` images per class, if set)."""
+        cfg = self.cfg.train
+        if cfg.algorithm != "foml":
+            loss = self.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng)
+            self.run(self.p.accumulate)
+            return loss
+        if cfg.foml_tail:
+            rest, tail = tail_split(y, cfg.foml_tail)
+            batches = [rest[b] for b in inner_batches(len(rest), cfg.inner_batch,
+                                                      cfg.inner_iters - 1, rng, cfg.replacement)]
+            batches.append(tail)
+        else:
+            batches = inner_batches(len(x), cfg.inner_batch, cfg.inner_iters, rng,
+                                    cfg.replacement)
+        loss = self.steps(x, y, batches, foml=True)
+        self.run(self.p.accumulate)
         return loss
 
     def values(self, names) -> list:
@@ -73,6 +104,23 @@ class ReptileLearner:
     def predict(self, x: np.ndarray) -> np.ndarray:
         (logits,) = self.run(self.p.forward, {"x": x}, [self.p.logits])
         return np.asarray(logits)
+
+    def classify(self, support_x: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        """The class of each query after adapting on the support set.
+
+        Transductive (``eval.transductive``, the default): the queries form one batch, so
+        batch norm shares their statistics.  Otherwise each query is classified alone, in a
+        batch of the support images and itself (the reference implementation's
+        non-transductive evaluation): nothing passes between queries.
+        """
+        return self.query_logits(support_x, query_x).argmax(axis=1)
+
+    def query_logits(self, support_x: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        """The logits :meth:`classify` decides by."""
+        if self.cfg.eval.transductive:
+            return self.predict(query_x)
+        return np.stack([self.predict(np.concatenate([support_x, q[None]]))[-1]
+                         for q in query_x])
 
     # --- meta-training ------------------------------------------------------------
 
@@ -105,12 +153,12 @@ class ReptileLearner:
         losses = []
         for x, y, rng in tasks:
             self.run(self.p.restore_theta)
-            losses.append(self.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng))
-            self.run(self.p.accumulate)
+            losses.append(self.adapt_to_task(x, y, rng))
         workers = self.role.worker_num() if self.role is not None else 1
         eps = meta_step_size(iteration // workers, -(-cfg.meta_iters // workers), cfg.meta_step,
                              cfg.meta_step_final)
-        feed = {"meta_a": np.array([1.0 - eps], np.float32),
+        keep = 1.0 if cfg.algorithm == "foml" else 1.0 - eps  # FOML adds eps * mean change
+        feed = {"meta_a": np.array([keep], np.float32),
                 "meta_b": np.array([eps / len(tasks)], np.float32)}
         self.run(self.p.meta_update, feed)
         self.sync()
@@ -147,7 +195,7 @@ class ReptileLearner:
                 stopping.check()
                 self.run(self.p.restore_snapshot)
                 self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
-                accuracies.append(float(np.mean(self.predict(qx).argmax(axis=1) == qy)))
+                accuracies.append(float(np.mean(self.classify(sx, qx) == qy)))
                 self.reporter.progress(label, k + 1, num_tasks,
                                        {"accuracy": float(np.mean(accuracies))})
         finally:

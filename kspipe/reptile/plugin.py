@@ -14,8 +14,8 @@ from kspipe.compiling import compile_options
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
-from kspipe.errors import ConfigError
-from kspipe.reptile.programs import INNER_OPTIMIZERS, build_programs
+from kspipe.errors import ConfigError, check_integer, check_number
+from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 
 
 @hookimpl
@@ -36,16 +36,31 @@ def kspipe_check_config(cfg):
                      "eval.interval": 0, "eval.interval_tasks": 1,
                      "train.checkpoint_every": 0, "train.keep_checkpoints": 1},
                numbers=("train.inner_lr", "train.meta_step", "train.meta_step_final"))
-    if cfg.train.inner_optimizer not in INNER_OPTIMIZERS:
-        raise ConfigError(f"train.inner_optimizer={cfg.train.inner_optimizer!r} is not one of "
-                          f"{', '.join(INNER_OPTIMIZERS)}")
+    for key, allowed in (("inner_optimizer", INNER_OPTIMIZERS), ("algorithm", ALGORITHMS)):
+        if cfg.train[key] not in allowed:
+            raise ConfigError(f"train.{key}={cfg.train[key]!r} is not one of {', '.join(allowed)}")
+    check_number(cfg.train.weight_decay, "train.weight_decay", 0, above=True)
+    tail = cfg.train.foml_tail
+    if tail is not None:
+        check_integer(tail, "train.foml_tail", 1)
+        if cfg.train.algorithm != "foml":
+            raise ConfigError("train.foml_tail is for train.algorithm=foml")
+        if tail >= cfg.train.shots:
+            raise ConfigError(f"train.foml_tail={tail} leaves no images of the "
+                              f"train.shots={cfg.train.shots} per class for the other steps")
+    if cfg.train.replacement:  # a batch draws distinct images of one task
+        for key, shots in (("train", cfg.train.shots), ("eval", cfg.task.shots)):
+            if cfg[key].inner_batch > shots * cfg.task.ways:
+                raise ConfigError(f"train.replacement: {key}.inner_batch={cfg[key].inner_batch} "
+                                  f"is more than the {shots * cfg.task.ways} images of a task")
 
 
 @hookimpl
 def kspipe_build_program(cfg, dataset, role):
     return build_programs(image_shape=dataset.image_shape, ways=cfg.task.ways,
                           model=cfg.model, inner_lr=cfg.train.inner_lr, seed=cfg.seed,
-                          inner_optimizer=cfg.train.inner_optimizer)
+                          inner_optimizer=cfg.train.inner_optimizer,
+                          weight_decay=cfg.train.weight_decay)
 
 
 @hookimpl

@@ -33,6 +33,7 @@ class ReptilePrograms:
     save_theta: object  # theta <- params
     restore_theta: object  # params <- theta
     accumulate: object  # acc <- acc + params
+    unaccumulate: object  # acc <- acc - params (FOML: the change of the last inner step)
     meta_update: object  # theta <- a*theta + b*acc; params <- theta; acc <- 0 (feeds a, b)
     snapshot: object  # whole training state -> its snapshot
     restore_snapshot: object  # snapshot -> whole training state
@@ -44,6 +45,7 @@ class ReptilePrograms:
     infer_logits: object
     params: list = field(default_factory=list)  # trainable parameter names
     state: list = field(default_factory=list)  # every persistable of the train program
+    decay: object = None  # params <- params * train.weight_decay, before each inner step
     compiled_train: object = None  # set by the compile stage; runs like ``train``
     sync: object = None  # set by the compile stage: the mode's exchange of ``params``
 
@@ -53,23 +55,27 @@ class ReptilePrograms:
 
 
 INNER_OPTIMIZERS = ("adam", "sgd")
+ALGORITHMS = ("reptile", "foml")
 
 
 def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int,
-                   inner_optimizer: str = "adam") -> ReptilePrograms:
+                   inner_optimizer: str = "adam", weight_decay: float = 1.0) -> ReptilePrograms:
     """Build every program of a Reptile model for images of ``image_shape`` (H, W, C).
 
     ``inner_optimizer``: ``adam`` (beta1 = 0, the paper's) or ``sgd`` (plain gradient
-    steps, no state carried between tasks).  Variable names are the same in every build,
-    so checkpoints load into a new process.
+    steps, no state carried between tasks).  ``weight_decay``: the reference's rate, by
+    which the weights are multiplied before each inner step (1: none).  Variable names are
+    the same in every build, so checkpoints load into a new process.
     """
     import paddle
 
     with paddle.utils.unique_name.guard():
-        return _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer)
+        return _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
+                               weight_decay)
 
 
-def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer) -> ReptilePrograms:
+def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
+                    weight_decay) -> ReptilePrograms:
     import paddle
     import paddle.nn.functional as F
 
@@ -109,10 +115,13 @@ def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer) -
     snapshot = copies([(s, s + SNAP) for s in state])
     restore_snapshot = copies([(s + SNAP, s) for s in state])
     accumulate = _accumulate_program(startup, params, shapes)
+    unaccumulate = _accumulate_program(startup, params, shapes, op="elementwise_sub")
+    decay = _scale_program(startup, params, shapes, weight_decay) if weight_decay != 1 else None
     meta_update = _meta_update_program(startup, params, shapes)
     return ReptilePrograms(
         startup=startup, train=train, forward=forward, infer=infer, save_theta=save_theta,
-        restore_theta=restore_theta, accumulate=accumulate, meta_update=meta_update,
+        restore_theta=restore_theta, accumulate=accumulate, unaccumulate=unaccumulate,
+        decay=decay, meta_update=meta_update,
         snapshot=snapshot, restore_snapshot=restore_snapshot, x=x, y=y, loss=loss,
         logits=logits, infer_x=infer_x, infer_logits=infer_logits, params=params, state=state)
 
@@ -187,7 +196,8 @@ def _assign_program(startup, pairs, shapes, dtypes):
     return program
 
 
-def _accumulate_program(startup, params, shapes):
+def _accumulate_program(startup, params, shapes, op: str = "elementwise_add"):
+    """acc <- acc + params (``op`` elementwise_sub: acc - params)."""
     import paddle
 
     program = paddle.static.Program()
@@ -195,8 +205,21 @@ def _accumulate_program(startup, params, shapes):
     for p in params:
         pv = _backup_var(block, startup, p, shapes[p], "float32")
         acc = _backup_var(block, startup, p + ACC, shapes[p], "float32")
-        block.append_op(type="elementwise_add", inputs={"X": [acc], "Y": [pv]},
+        block.append_op(type=op, inputs={"X": [acc], "Y": [pv]},
                         outputs={"Out": [acc]}, attrs={"axis": -1})
+    return program
+
+
+def _scale_program(startup, params, shapes, rate: float):
+    """params <- params * rate."""
+    import paddle
+
+    program = paddle.static.Program()
+    block = program.global_block()
+    for p in params:
+        pv = _backup_var(block, startup, p, shapes[p], "float32")
+        block.append_op(type="scale", inputs={"X": [pv]}, outputs={"Out": [pv]},
+                        attrs={"scale": float(rate), "bias": 0.0})
     return program
 
 
@@ -221,8 +244,12 @@ def _meta_update_program(startup, params, shapes):
 
 
 def inner_batches(num_samples: int, batch_size: int, iterations: int,
-                  rng: np.random.Generator) -> list[np.ndarray]:
-    """Index batches for an inner loop: shuffled passes over the samples, as in the paper."""
+                  rng: np.random.Generator, replacement: bool = False) -> list[np.ndarray]:
+    """Index batches for an inner loop: shuffled passes over the samples, as in the paper;
+    with ``replacement`` each batch is drawn afresh from all samples (no repeat within it)."""
+    if replacement:
+        return [rng.choice(num_samples, size=batch_size, replace=False)
+                for _ in range(iterations)]
     batches, order = [], np.array([], dtype=np.int64)
     for _ in range(iterations):
         while len(order) < batch_size:
@@ -230,6 +257,13 @@ def inner_batches(num_samples: int, batch_size: int, iterations: int,
         batches.append(order[:batch_size])
         order = order[batch_size:]
     return batches
+
+
+def tail_split(labels: np.ndarray, tail_shots: int) -> tuple[np.ndarray, np.ndarray]:
+    """FOML's tail: the first ``tail_shots`` samples of each class, and the rest (indices)."""
+    tail = np.concatenate([np.flatnonzero(labels == c)[:tail_shots] for c in np.unique(labels)])
+    rest = np.setdiff1d(np.arange(len(labels)), tail)
+    return rest, np.sort(tail)
 
 
 def meta_step_size(iteration: int, total: int, initial: float, final: float) -> float:
