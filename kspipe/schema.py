@@ -24,6 +24,7 @@ class CoreConfig:
     devices: Any = None      # mode=collective on a GPU build: GPU ids ("0,1"); null: all visible
     seed: int = 0            # seeds data splits, task sampling and weights
     resume: Optional[str] = None   # a run folder or checkpoint folder to continue from
+    evaluate: Optional[str] = None  # a run folder or checkpoint: evaluate it, no training
     run_dir: Optional[str] = None  # where the run writes files; default: Hydra's output folder
     isolate: Optional[bool] = None  # mode=local: run the job in a child process;
     #                                 null: only in a sweep (-m)

@@ -12,17 +12,24 @@ parent and names it in ``KSPIPE_PARENT_RUN_ID``, whose runs become its children;
 :func:`finish_parent_run` attaches the comparison and ends the parent.
 
 The store is ``cfg.tracking.uri``, by default a SQLite file ``mlflow.db`` in the working
-folder.
+folder.  Every client comes from :func:`client_for`, which opens the store once under a
+lock (:func:`store_lock`): MLflow creates or migrates a SQLite store on its first call, and
+jobs started together would otherwise race to do it.  A store that cannot be opened is a
+one-line :class:`~kspipe.errors.ConfigError` before anything runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import time
 from dataclasses import dataclass
 
 from kspipe import hookimpl
 from kspipe.contracts import Workload
+from kspipe.errors import ConfigError, KspipeError
 from kspipe.files import user_path
 
 PARENT_RUN_ENV = "KSPIPE_PARENT_RUN_ID"
@@ -38,20 +45,126 @@ def tracking_uri(cfg) -> str:
 
 
 def client_for(cfg):
-    """An ``MlflowClient`` on ``cfg``'s store, with MLflow's own logging quietened."""
+    """An ``MlflowClient`` on ``cfg``'s store, with MLflow's own logging quietened.
+
+    The client is made, and the experiment ``cfg.tracking.experiment`` found or created,
+    while holding :func:`store_lock`: the first of several jobs started at once creates (or
+    migrates) the store and the experiment, the others wait for it and then find them.
+    A store that cannot be opened raises :class:`ConfigError` naming ``tracking.uri``.
+    """
     import logging
 
     from mlflow import MlflowClient
 
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return MlflowClient(tracking_uri=tracking_uri(cfg))
+    uri = tracking_uri(cfg)
+    with store_lock(uri):
+        try:
+            probe_sqlite(uri)
+            client = MlflowClient(tracking_uri=uri)
+            experiment_id(client, cfg.tracking.experiment)
+        except KspipeError:
+            raise
+        except Exception as err:  # MLflow's, SQLAlchemy's, the file system's: all say why
+            raise store_error(uri, err) from err
+    return client
 
 
 def experiment_id(client, name: str) -> str:
     """The id of the experiment ``name``, created if there is none."""
+    from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment is not None else client.create_experiment(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # made meanwhile by a process that does not take the lock
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a ``sqlite:///`` URI; None for another store or an in-memory one."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].partition("?")[0]
+    return path if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """Hold an exclusive lock on a SQLite store while it is opened; nothing for other stores.
+
+    The lock is ``flock`` on the store's folder itself (made if missing), so it leaves no
+    file behind; it goes with the descriptor, when the block ends or the process dies.
+    """
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    try:
+        fd = lock_folder(path)
+    except OSError as err:
+        raise store_error(uri, err) from err
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_folder(path: str) -> int:
+    """An open descriptor holding ``flock`` on ``path``'s folder.  Where the file system
+    does not lock folders, the file ``path`` is locked instead (created empty if missing,
+    which SQLite reads as a new database)."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    try:
+        return flocked(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        if err.errno not in FOLDER_LOCK_REFUSED:
+            raise
+    return flocked(path, os.O_RDWR | os.O_CREAT)
+
+
+def flocked(path: str, flags: int) -> int:
+    """``path`` opened with ``flags`` and locked exclusively (waiting for the lock)."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+#: What ``flock`` on a folder answers on a file system that only locks files.
+FOLDER_LOCK_REFUSED = (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP)
+
+
+def probe_sqlite(uri: str) -> None:
+    """Read a SQLite store's header, so a file that is no database (or cannot be read) fails
+    at once; MLflow would retry it for about two minutes."""
+    path = sqlite_path(uri)
+    if path is None:
+        return
+    import sqlite3
+
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("pragma schema_version").fetchone()
+    finally:
+        connection.close()
+
+
+def store_error(uri: str, err: Exception) -> ConfigError:
+    """The one line for a store that cannot be opened, with the reason's first line."""
+    reason = next((line.strip() for line in str(err).splitlines() if line.strip()),
+                  type(err).__name__)
+    return ConfigError(f"tracking.uri={uri}: cannot open the MLflow store: {reason}")
 
 
 def flatten(tree, prefix: str = "") -> dict:
@@ -85,6 +198,22 @@ def workload_from_tags(tags: dict) -> Workload | None:
     summary = tuple(name for name in tags.get("kspipe.summary", "").split(",") if name)
     return Workload(name=tags["kspipe.workload"], headline=tags.get("kspipe.headline", ""),
                     rate=tags.get("kspipe.rate", ""), summary=summary)
+
+
+def source_run_id(client, path: str) -> str | None:
+    """The run that wrote the run folder of ``path`` (a run folder or one of its
+    checkpoints), found by its ``kspipe.run_dir`` tag; None where this store has none."""
+    from kspipe.files import user_path
+
+    folder = os.path.abspath(user_path(path))
+    while os.path.basename(folder).startswith(("checkpoint-", "worker-", "checkpoints")):
+        folder = os.path.dirname(folder)
+    if "'" in folder:
+        return None  # not expressible in a filter string
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found = client.search_runs(experiments, f"tags.`kspipe.run_dir` = '{folder}'",
+                               max_results=1) if experiments else []
+    return found[0].info.run_id if found else None
 
 
 # --- a run ------------------------------------------------------------------------
@@ -133,6 +262,10 @@ class MlflowTracker:
                 **workload_tags(self.describe(cfg))}
         if os.environ.get(PARENT_RUN_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
+        if cfg.get("evaluate"):
+            source = source_run_id(self.client, cfg.evaluate)
+            if source:
+                tags["kspipe.source_run"] = source
         run = self.client.create_run(experiment_id(self.client, cfg.tracking.experiment),
                                      run_name=cfg.tracking.run_name, tags=tags)
         self.run_id = run.info.run_id

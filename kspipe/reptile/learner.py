@@ -221,15 +221,16 @@ class ReptileLearner:
                                {"meta_iteration": iteration, "tasks_done": self.tasks_done},
                                self.cfg.train.keep_checkpoints, cfg=self.cfg)
 
-    def load_checkpoint(self, path: str) -> int:
+    def load_checkpoint(self, path: str, key: str = "resume") -> int:
         """Load a checkpoint (or the newest one in a folder); returns its meta-iteration.
+        ``key`` is the setting that named ``path``, for the messages.
 
         A worker other than the first then loads its own state saved beside it, if any.
         """
-        progress = checkpoint.load(self.p.train, self.scope, self.exe, path)
+        progress = checkpoint.load(self.p.train, self.scope, self.exe, path, key)
         index = self.role.worker_index() if self.role is not None else 0
         if index:
-            found = checkpoint.latest(user_path(path))
+            found = checkpoint.latest(user_path(path), key)
             own = os.path.join(os.path.dirname(found), f"worker-{index}",
                                os.path.basename(found))
             if os.path.isdir(own):
@@ -269,6 +270,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     needed = cfg.task.shots + cfg.eval.queries
     learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
     learner.initialize()
+    if cfg.get("evaluate"):
+        return evaluate_checkpoints(learner, cfg.evaluate)
     start_iter = 0
     if cfg.resume:
         start_iter = learner.load_checkpoint(cfg.resume)
@@ -284,18 +287,19 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
             metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
             reporter.metrics({"baseline_test_accuracy": acc,
                               "baseline_test_accuracy_ci95": ci}, 0)
-        started = time.time()
+        role.barrier_worker()  # the clock starts on every worker together
+        started = time.perf_counter()
         trained, done = meta_train(learner, start_iter, ckpt_dir)
         role.finish_training(learner.scope)
         learner.run(learner.p.save_theta)
         learner.save_checkpoint(ckpt_dir, done)
-        ended = time.time()
+        seconds = time.perf_counter() - started
 
         fingerprints = role.all_gather(learner.fingerprint())
         if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
             raise ClusterError(f"the workers ended with different models (parameter sums "
                                f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
-        metrics.update(throughput(role, trained, started, ended, cfg.train.meta_batch))
+        metrics.update(throughput(role, trained, seconds, cfg.train.meta_batch))
         if not first:
             return metrics
         metrics.update(final_evaluation(learner))
@@ -352,20 +356,43 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
     return learner.tasks_done - tasks_at_start, done
 
 
-def throughput(role, trained: int, started: float, ended: float, meta_batch: int) -> dict:
+def throughput(role, trained: int, seconds: float, meta_batch: int) -> dict:
     """Tasks over the wall-clock time of the training phase: all workers' tasks over the
-    time from the first worker's start to the last one's end; each worker's own rate too."""
-    tasks = role.all_gather(float(trained))
-    starts, ends = role.all_gather(started), role.all_gather(ended)
+    slowest worker's time (their clocks start together); each worker's own rate too.
+    Durations, not timestamps, cross the wire: the servers' gather is single precision."""
+    tasks, times = role.all_gather(float(trained)), role.all_gather(float(seconds))
     out = {}
     if sum(tasks):
-        wall = max(max(ends) - min(starts), 1e-9)
+        wall = max(max(times), 1e-9)
         out["tasks_per_s"] = float(sum(tasks) / wall)
         out["meta_iters_per_s"] = float(sum(tasks) / wall / meta_batch)
     if len(tasks) > 1:
-        out.update({f"worker{i}/tasks_per_s": float(t / max(e - s, 1e-9))
-                    for i, (t, s, e) in enumerate(zip(tasks, starts, ends))})
+        out.update({f"worker{i}/tasks_per_s": float(t / max(s, 1e-9))
+                    for i, (t, s) in enumerate(zip(tasks, times))})
     return out
+
+
+def evaluate_checkpoints(learner: ReptileLearner, source: str) -> dict:
+    """Evaluate a trained model without training: the checkpoint ``source`` (or a run
+    folder's newest) as a run's final evaluation, and its learning curve from every
+    checkpoint kept beside it (``curve/test_accuracy`` at each one's meta-iteration)."""
+    cfg, reporter = learner.cfg, learner.reporter
+    final = checkpoint.latest(user_path(source), "evaluate")
+    earlier = [path for path in sorted(checkpoint.checkpoints(os.path.dirname(final)))
+               if path < final]
+    for path in earlier:
+        iteration = learner.load_checkpoint(path, "evaluate")
+        acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM,
+                                  f"curve (test) at {iteration}")
+        reporter.metrics({"curve/test_accuracy": acc}, iteration)
+    iteration = learner.load_checkpoint(final, "evaluate")
+    reporter.say(f"evaluating {final} (meta-iteration {iteration})")
+    metrics = final_evaluation(learner)
+    if earlier:
+        metrics["curve/test_accuracy"] = metrics["test_accuracy"]
+    metrics["evaluated_meta_iteration"] = iteration
+    reporter.metrics(metrics, iteration)
+    return metrics
 
 
 def final_evaluation(learner: ReptileLearner) -> dict:

@@ -40,6 +40,9 @@ def kspipe_check_config(cfg):
         if cfg.train[key] not in allowed:
             raise ConfigError(f"train.{key}={cfg.train[key]!r} is not one of {', '.join(allowed)}")
     check_number(cfg.train.weight_decay, "train.weight_decay", 0, above=True)
+    if cfg.get("evaluate") and (cfg.mode != "local" or cfg.resume):
+        raise ConfigError("evaluate=<run or checkpoint> evaluates in one process: it takes "
+                          "mode=local and no resume")
     tail = cfg.train.foml_tail
     if tail is not None:
         check_integer(tail, "train.foml_tail", 1)
