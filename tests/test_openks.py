@@ -54,6 +54,115 @@ def test_script_runs_on_a_local_cluster(tmp_path, mode, args):
         assert (logs / "server.0.log").is_file()
 
 
+#: A script that trains a small model (``--save DIR``: then saves it) or starts from a saved
+#: one (``--init DIR``: its servers call ``init_server(DIR)``), and records per worker the
+#: parameters and the loss on a fixed batch it started from, and those it saved.
+INCREMENTAL = """
+import argparse, pickle
+import numpy as np
+import paddle
+from kspipe.openks import (AsyncStrategy, GeoStrategy, KSDistributedFactory,
+                           PaddleCloudRoleMaker, SyncStrategy)
+
+STRATEGIES = {"async": AsyncStrategy(), "sync": SyncStrategy(), "geo": GeoStrategy(k_steps=3)}
+parser = argparse.ArgumentParser()
+for name in ("--strategy", "--save", "--init", "--out"):
+    parser.add_argument(name)
+args = parser.parse_args()
+
+def batch(rng, n):
+    x = rng.normal(size=(n, 8)).astype("float32")
+    return {"x": x, "y": (x @ np.arange(-4.0, 4.0) > 0).astype("int64").reshape(-1, 1)}
+
+paddle.enable_static()
+paddle.seed(1)
+x = paddle.static.data("x", [None, 8], "float32")
+y = paddle.static.data("y", [None, 1], "int64")
+logits = paddle.static.nn.fc(paddle.static.nn.fc(x, 16, activation="relu"), 2)
+loss = paddle.nn.functional.cross_entropy(logits, y)
+main = paddle.static.default_main_program()
+test_program = main.clone(for_test=True)
+algorithm = KSDistributedFactory.instantiation(flag=0)
+algorithm.init(PaddleCloudRoleMaker())
+algorithm.distributed_optimizer(paddle.optimizer.SGD(0.1), STRATEGIES[args.strategy]).minimize(loss)
+if algorithm.is_server():
+    algorithm.init_server(args.init) if args.init else algorithm.init_server()
+    algorithm.run_server()
+    raise SystemExit
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(paddle.static.default_startup_program())
+algorithm.init_worker()
+scope, test = paddle.static.global_scope(), batch(np.random.default_rng(7), 64)
+
+def now():
+    return ({p.name: np.array(scope.find_var(p.name).get_tensor()) for p in main.all_parameters()},
+            float(exe.run(test_program, feed=test, fetch_list=[loss])[0]))
+
+record = {"start": now()}
+rng = np.random.default_rng(100 + algorithm.worker_index())
+for _ in range(10):
+    exe.run(main, feed=batch(rng, 16), fetch_list=[loss])
+algorithm.barrier_workers()
+if args.save and algorithm.is_first_worker():
+    algorithm.save_persistables(exe, args.save)
+    record["saved"] = now()
+with open(f"{args.out}/worker-{algorithm.worker_index()}.pkl", "wb") as f:
+    pickle.dump(record, f)
+algorithm.stop_worker()
+"""
+
+
+def launch_cpu(tmp_path, script, name, *args):
+    """Run ``script`` on 1 server and 2 workers; return each worker's record."""
+    import pickle
+
+    out = tmp_path / name
+    out.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.openks.launch", "--mode", "cpu", "--worker_num", "2",
+         "--server_num", "1", "--log_dir", str(out / "logs"), "--timeout", "120", str(script),
+         *args, "--out", str(out)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [pickle.loads((out / f"worker-{i}.pkl").read_bytes()) for i in range(2)]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "async", "geo"])
+def test_servers_started_from_a_saved_model_continue_from_it(tmp_path, strategy):
+    """Incremental training: a job saves its model with save_persistables; a new job whose
+    servers call init_server(dir) starts, on every worker, from exactly that model."""
+    import pickle
+
+    script = tmp_path / "incremental.py"
+    script.write_text(INCREMENTAL)
+    model = tmp_path / "model"
+    first = launch_cpu(tmp_path, script, "first", "--strategy", strategy, "--save", str(model))
+    saved_params, saved_loss = first[0]["saved"]
+    assert first[0]["start"][1] != saved_loss  # it trained
+    on_disk = pickle.loads((model / "persistables.pdparams").read_bytes())
+    assert sorted(on_disk) == sorted(saved_params)
+    assert all(np.array_equal(on_disk[name], saved_params[name]) for name in on_disk)
+
+    again = launch_cpu(tmp_path, script, "again", "--strategy", strategy, "--init", str(model))
+    for worker in again:
+        params, loss = worker["start"]
+        assert loss == saved_loss
+        assert all(np.array_equal(params[name], on_disk[name]) for name in on_disk)
+
+
+def test_init_server_with_a_model_needs_the_shared_gloo_world(monkeypatch):
+    from types import SimpleNamespace
+
+    from kspipe.errors import ConfigError
+    from kspipe.openks import algorithms
+
+    monkeypatch.delenv("PADDLE_WITH_GLOO", raising=False)
+    algorithm = openks.KSDistributedFactory.instantiation(0)
+    algorithm._optimizer = SimpleNamespace(_distributed=object(), program=None)
+    with pytest.raises(ConfigError, match="PADDLE_WITH_GLOO=2 FLAGS_LAUNCH_BARRIER=0"):
+        algorithm.init_server("somewhere")
+    assert not algorithms.hands_over()
+
+
 def test_a_failing_script_fails_the_launch(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import os, sys\nsys.exit(4 if os.environ.get('PADDLE_TRAINER_ID') == '1'"

@@ -1,10 +1,23 @@
-"""The OpenKS role makers and distributed algorithms, over the modes' roles."""
+"""The OpenKS role makers and distributed algorithms, over the modes' roles.
+
+Incremental training on parameter servers: a script saves with ``save_persistables(exe,
+dir)``; the servers of a later job call ``init_server(dir)``.  The servers' tables get
+their first values from worker 0 at ``init_worker`` (kspipe's exchange,
+:mod:`kspipe.modes.exchange`), so server 0 reads the saved model and hands it to every
+worker (:func:`hand_over`, over the gloo world the servers and workers share), and the
+workers start from it, whatever the strategy: worker 0's values, now the saved ones,
+become the servers'.  ``kspipe-launch`` sets the environment this needs
+(:data:`HAND_OVER_ENV`).
+"""
 
 from __future__ import annotations
 
 import os
 
-from kspipe.modes.role import Role
+import numpy as np
+
+from kspipe.errors import ClusterError, ConfigError
+from kspipe.modes.role import Role, write_vars
 from kspipe.openks.optimizers import (AsyncStrategy, CollectiveStrategy,
                                       GeneralDistributedOptimizer,
                                       HeterogeneousDistributedOptimizer)
@@ -147,7 +160,7 @@ class BaseDistributedAlgorithm:
         self._mode_role().refresh_parameters()
         os.makedirs(dirname, exist_ok=True)
         paddle.static.save(main_program or paddle.static.default_main_program(),
-                           os.path.join(dirname, "persistables"))
+                           os.path.join(dirname, PERSISTABLES))
 
 
 class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
@@ -159,12 +172,44 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
         return self._optimizer
 
     def init_server(self, model_dir: str | None = None) -> None:
+        """Start this server's tables.  ``model_dir``: a folder ``save_persistables`` wrote;
+        the job starts from the model saved there (server 0 reads it, checked against the
+        script's program, and hands it to the workers at their ``init_worker``)."""
         import paddle.distributed.fleet as fleet
+
+        from kspipe.checkpoint import read_state
+        from kspipe.files import user_path
 
         if self._optimizer is None or self._optimizer._distributed is None:
             raise RuntimeError("call distributed_optimizer(...).minimize(loss) first, "
                                "in a process the launcher started as a server")
-        fleet.init_server(model_dir) if model_dir else fleet.init_server()
+        if model_dir and not hands_over():
+            needs = " ".join(f"{key}={value}" for key, value in HAND_OVER_ENV.items())
+            raise ConfigError(f"init_server(model_dir) hands the saved model to the workers, "
+                              f"which needs {needs} in every process (kspipe-launch --mode "
+                              f"cpu sets them)")
+        program = self._optimizer.program
+        state = None
+        if model_dir and self.role.server_index() == 0:
+            state = read_state(program, os.path.join(user_path(model_dir), PERSISTABLES),
+                               f"init_server({model_dir!r})")
+        fleet.init_server()
+        if hands_over():
+            hand_over(program, state)
+
+    def init_worker(self) -> None:
+        """Meet the other processes: take the model the servers were started from, if any
+        (``init_server(model_dir)``); then worker 0's parameters become the servers'."""
+        role = self._mode_role()
+        if role.mode == "pserver" and hands_over():
+            import paddle
+
+            program = getattr(self._optimizer, "program", None)
+            state = hand_over(program or paddle.static.default_main_program())
+            if state is not None:
+                write_vars(paddle.static.global_scope(), state)
+            wait_for_servers(role.get_pserver_endpoints())
+        super().init_worker()
 
     def run_server(self) -> None:
         import paddle.distributed.fleet as fleet
@@ -181,3 +226,85 @@ class GPUDistributedAlgorithm(BaseDistributedAlgorithm):
         self._optimizer = HeterogeneousDistributedOptimizer(
             optimizer, strategy or CollectiveStrategy(), algorithm=self)
         return self._optimizer
+
+
+# --- a model for the servers, handed to the workers ------------------------------------
+
+#: The files ``save_persistables`` writes in its folder: ``persistables.pdparams`` ...
+PERSISTABLES = "persistables"
+#: What a parameter-server job's processes need for :func:`hand_over` (kspipe-launch sets
+#: it): fleet's gloo among the servers and workers together, not the workers alone; and
+#: no waiting for the servers while building the programs, as the servers wait for the
+#: workers in ``init_server`` (the workers wait for them in ``init_worker`` instead).
+HAND_OVER_ENV = {"PADDLE_WITH_GLOO": "2", "FLAGS_LAUNCH_BARRIER": "0"}
+
+
+def hands_over() -> bool:
+    """Whether this job's servers hand their model to the workers (:data:`HAND_OVER_ENV`)."""
+    return all(os.environ.get(k) == v for k, v in HAND_OVER_ENV.items())
+
+
+def hand_over(program, state: dict | None = None) -> dict | None:
+    """The model the job's servers start from, handed from server 0 to every process.
+
+    Every server (in ``init_server``, before it serves) and every worker (in
+    ``init_worker``) of the job calls it once: server 0 gives ``state`` (every persistable
+    of ``program``, as :func:`kspipe.checkpoint.read_state` read it) or None, and all get
+    it back (None: the servers were given no model).  Two sums over the gloo world of all
+    the processes: whether there is a model, then its values (as float64, which carries
+    float32 and integers exactly).
+    """
+    import paddle.distributed.fleet as fleet
+
+    def all_reduce(values: np.ndarray) -> np.ndarray:
+        return np.asarray(fleet.util.all_reduce(values, mode="sum", comm_world="all"))
+
+    if not all_reduce(np.array([0.0 if state is None else 1.0]))[0]:
+        return None
+    variables = persistables(program)
+    if state is not None:
+        flat = np.concatenate([np.ravel(state[var.name]).astype(np.float64)
+                               for var in variables])
+    else:
+        flat = np.zeros(sum(int(np.prod(var.shape)) for var in variables))
+    flat, handed = all_reduce(flat), {}
+    for var in variables:
+        size = int(np.prod(var.shape))
+        handed[var.name] = flat[:size].reshape(var.shape).astype(numpy_dtype(var.dtype))
+        flat = flat[size:]
+    return handed
+
+
+def persistables(program) -> list:
+    """The variables ``paddle.static.save`` writes of ``program``, in one order everywhere."""
+    from paddle.framework.io_utils import is_belong_to_optimizer, is_parameter
+
+    chosen = [v for v in program.list_vars() if is_parameter(v) or is_belong_to_optimizer(v)]
+    return sorted(chosen, key=lambda var: var.name)
+
+
+def numpy_dtype(dtype) -> str:
+    """The numpy name of a Paddle variable's dtype."""
+    from paddle.base.data_feeder import convert_dtype
+
+    return convert_dtype(dtype)
+
+
+def wait_for_servers(endpoints, timeout_s: float = 600.0) -> None:
+    """Return once every server accepts connections (fleet's launch barrier, without its
+    3-second naps)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"server {endpoint} did not start within "
+                                       f"{timeout_s:.0f} s") from None
+                time.sleep(0.05)

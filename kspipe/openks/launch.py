@@ -7,7 +7,9 @@
 collective workers (flag 1; through gloo on a CPU build).  Each process runs the script
 with Paddle's environment contract set; logs go to ``--log_dir``.  The first worker's
 output is shown.  If any process fails, the others are stopped and the command names it
-and exits non-zero (Paddle's own launcher exits 0 then).
+and exits non-zero (Paddle's own launcher exits 0 then).  With ``--mode cpu`` the servers
+and workers share one gloo world, over which ``init_server(model_dir)`` hands the saved
+model to the workers (``kspipe.openks.algorithms.HAND_OVER_ENV``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 from kspipe.errors import KspipeError, check_integer, print_error
 from kspipe.modes.launch import Cluster, launch_plan
+from kspipe.openks.algorithms import HAND_OVER_ENV
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +59,8 @@ def launch(args) -> None:
     cluster.echo_first_worker = "all"
     try:
         for p in plan:
-            cluster.start(p.role, p.index, p.env, command, cwd=os.getcwd())
+            env = dict(p.env, **HAND_OVER_ENV) if kind == "pserver" else p.env
+            cluster.start(p.role, p.index, env, command, cwd=os.getcwd())
         cluster.wait(args.timeout)
     finally:
         cluster.stop()

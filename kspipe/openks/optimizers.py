@@ -87,15 +87,21 @@ class BaseDistributedOptimizer:
 
 
 class GeneralDistributedOptimizer(BaseDistributedOptimizer):
-    """Parameter-server training of a script's program (sync, async or geo)."""
+    """Parameter-server training of a script's program (sync, async or geo).
+
+    ``program``: the script's program it trains, once ``minimize`` ran (its persistables
+    are what ``init_server(model_dir)`` starts the job from).
+    """
 
     def __init__(self, optimizer, strategy=None, algorithm=None):
         mode = getattr(strategy, "mode", "async")
         check_strategy(mode, getattr(strategy, "k_steps", 1), what="the strategy")
         super().__init__(optimizer, strategy, algorithm)
         self.mode = mode
+        self.program = None
 
     def apply_gradients(self, params_grads):
+        self.program = params_grads[0][0].block.program
         role = self._algorithm._mode_role()
         self._distributed = role.distributed_optimizer(
             self._inner, {"strategy": self.mode, "k_steps": getattr(self._strategy, "k_steps", 1)})
