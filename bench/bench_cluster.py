@@ -4,9 +4,9 @@
 
 Runs the default experiment (5-way 5-shot Omniglot-like, meta-batch 5) for the same number
 of meta-iterations (so the same number of tasks) locally and on loopback clusters of
-1, 2, 4 workers (and one server for pserver), and prints tasks/s (training only, summed
-over workers) and test accuracy.  Each worker's math threads are cores / workers (at
-least 1).
+1, 2, 4 workers (and one server for pserver), and prints tasks/s (every worker's tasks
+over the wall-clock time of the training phase, waits included) and test accuracy.  Each
+worker's math threads are cores / workers (at least 1).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Samples/s of the ctr model fed by Paddle's C++ reader threads vs. fed from Python.
 
-    python bench/bench_datafeed.py [--files 8 --lines-per-file 25000 --repeats 3] [--pipeline]
+    python bench/bench_datafeed.py [--files 8 --lines-per-file 25000 --repeats 3]
+                                   [--pipeline | --pipeline-only]
 
 Writes the generated click-through set (MultiSlot files) to a temporary folder, builds
 the ``ctr_datafeed`` experiment's model through kspipe's own stages, and trains one epoch
@@ -11,7 +12,10 @@ over the same files three ways, each from freshly initialised weights:
   LoDTensors for the sparse slots) and one ``Executor.run`` per batch.
 
 With ``--pipeline`` it also runs the whole experiment (2 epochs, test AUC on the held-out
-file) in one process and on a 1-server, 2-worker loopback cluster.
+file) in one process and on a 1-server, 2-worker loopback cluster, side by side:
+``--repeats`` runs of each, alternating, the best rate of each and its ratio to local
+(``--pipeline-only``: these rows alone).  Each run's rate is samples over the workers'
+wall-clock training time, their waits for the servers included.
 
 Prints samples/s (best of ``--repeats``, each run in a fresh process), the ratio to the
 Python-fed loop, and how long kspipe's check of every line (before training) takes.
@@ -111,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pipeline", action="store_true",
                         help="also run the whole experiment locally and on a 2-worker cluster")
+    parser.add_argument("--pipeline-only", action="store_true",
+                        help="only the whole experiment, locally and on a 2-worker cluster")
     parser.add_argument("--measure", nargs=2, metavar=("FOLDER", "FEEDING"),
                         help=argparse.SUPPRESS)  # one measurement, in a process of its own
     args = parser.parse_args()
@@ -132,21 +138,43 @@ def main() -> None:
         ctr_data.generate(folder, args.files, 1, args.lines_per_file, seed=0)
         print(f"{platform.machine()}, {os.cpu_count()} cores; {args.files * args.lines_per_file} "
               f"instances in {args.files} files, batch {args.batch_size}")
-        python = max(rate(folder, "python") for _ in range(args.repeats))
-        rows = [("python-fed (parse + Executor.run)", python)]
-        for threads in (1, 2):
-            best = max(rate(folder, f"threads={threads}") for _ in range(args.repeats))
-            rows.append((f"train_from_dataset, {threads} thread(s)", best))
-        print(f"{'feeding':<38} {'samples/s':>10} {'vs python':>10}")
-        for name, value in rows:
-            print(f"{name:<38} {value:>10.0f} {value / python:>9.2f}x")
-        print(f"kspipe's check of every line before training: {check_seconds(folder):.2f} s")
-        if args.pipeline:
-            print(f"{'whole experiment, 2 epochs':<38} {'samples/s':>10} {'test AUC':>10}")
-            for name, overrides in (("mode=local", []),
-                                    ("mode=pserver workers=2", ["mode=pserver", "workers=2"])):
-                metrics = run_experiment(folder, overrides)
-                print(f"{name:<38} {metrics['samples_per_s']:>10.0f} {metrics['test_auc']:>10.3f}")
+        if not args.pipeline_only:
+            feeding_rows(folder, args.repeats, rate)
+        if args.pipeline or args.pipeline_only:
+            pipeline_rows(folder, args.repeats)
+
+
+def feeding_rows(folder: str, repeats: int, rate) -> None:
+    """samples/s of one epoch fed from Python and by 1 and 2 reader threads."""
+    python = max(rate(folder, "python") for _ in range(repeats))
+    rows = [("python-fed (parse + Executor.run)", python)]
+    for threads in (1, 2):
+        best = max(rate(folder, f"threads={threads}") for _ in range(repeats))
+        rows.append((f"train_from_dataset, {threads} thread(s)", best))
+    print(f"{'feeding':<38} {'samples/s':>10} {'vs python':>10}")
+    for name, value in rows:
+        print(f"{name:<38} {value:>10.0f} {value / python:>9.2f}x")
+    print(f"kspipe's check of every line before training: {check_seconds(folder):.2f} s")
+
+
+PIPELINES = (("mode=local", []), ("mode=pserver workers=2", ["mode=pserver", "workers=2"]))
+
+
+def pipeline_rows(folder: str, repeats: int) -> None:
+    """The whole experiment locally and on the cluster, ``repeats`` times each, alternating
+    (so both see the same load of the machine); the best rate of each, every run's AUC."""
+    runs = {name: [] for name, _ in PIPELINES}
+    for _ in range(repeats):
+        for name, overrides in PIPELINES:
+            metrics = run_experiment(folder, overrides)
+            runs[name].append((metrics["samples_per_s"], metrics["test_auc"]))
+    local = max(r for r, _ in runs["mode=local"])
+    print(f"{'whole experiment, 2 epochs':<38} {'samples/s':>10} {'vs local':>10}  test AUC")
+    for name, results in runs.items():
+        best = max(r for r, _ in results)
+        aucs = ", ".join(f"{auc:.3f}" for _, auc in results)
+        print(f"{name:<38} {best:>10.0f} {best / local:>9.2f}x  {aucs}")
+        print(f"{'':<38} {'(runs: ' + ', '.join(f'{r:.0f}' for r, _ in results) + ')'}")
 
 
 def run_experiment(folder: str, overrides: list[str]) -> dict:

@@ -15,8 +15,14 @@ from kspipe.datafeed import DataFeedDesc, python_batches
 
 from test_cli import assert_one_line_error, finished_runs, kspipe
 
+#: The test AUC a trained ctr model must reach: the generated set's dense features alone
+#: score about 0.65, so only learnt id embeddings get here (2,000 users and 5,000 items:
+#: with 2,500 lines a file the model learnt them too seldom and stayed near 0.70).
+MIN_AUC = 0.72
+LINES = 5000  # a file's lines; 4 training files, 1 test file
 SMALL = ["datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
-         "datafeed.generated.lines_per_file=2500", "ctr.epochs=3", "datafeed.print_period_s=0.2"]
+         f"datafeed.generated.lines_per_file={LINES}", "ctr.epochs=3",
+         "datafeed.print_period_s=0.2"]
 
 
 def ctr_args(tmp_path, *overrides):
@@ -55,8 +61,8 @@ def test_ctr_trains_from_files_in_one_process(tmp_path, overrides):
                               *overrides), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["test_auc"] >= 0.65, metrics
-    assert metrics["test_instances"] == 2500 and metrics["train_instances"] == 3 * 10000
+    assert metrics["test_auc"] >= MIN_AUC, metrics
+    assert metrics["test_instances"] == LINES and metrics["train_instances"] == 3 * 4 * LINES
     assert metrics["samples_per_s"] > 0
     assert "test_auc" in result.stdout  # the summary line
     client, run = run_record(tmp_path / "mlflow.db")
@@ -67,7 +73,7 @@ def test_ctr_trains_from_files_in_one_process(tmp_path, overrides):
     watched = client.get_metric_history(run.info.run_id, "fetch_tower_out.b")
     assert len(watched) >= 3 and len({m.value for m in watched}) > 1
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_auc")]
-    assert steps[-1] == 30000 and len(steps) >= 3
+    assert steps[-1] == 3 * 4 * LINES and len(steps) >= 3
     data_dir = glob.glob(str(tmp_path / "cache" / "ctr-*"))[0]
     assert exported_auc(tmp_path / "run" / "inference_model", data_dir) == pytest.approx(
         metrics["test_auc"], abs=1e-6)
@@ -78,9 +84,9 @@ def test_ctr_trains_on_a_parameter_server_cluster(tmp_path):
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["test_auc"] >= 0.65, metrics
+    assert metrics["test_auc"] >= MIN_AUC, metrics
     # each worker trained on its half of the files
-    assert metrics["train_instances"] == 3 * 5000
+    assert metrics["train_instances"] == 3 * 2 * LINES
     assert metrics["samples_per_s"] > metrics["worker_samples_per_s"]
     client, run = run_record(tmp_path / "mlflow.db")
     assert run.info.status == "FINISHED"
@@ -285,7 +291,7 @@ def test_checkpoints_each_epoch_and_resumes(tmp_path):
                   f"run_dir={tmp_path / 'more'}", f"resume={first}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     metrics = json.loads((tmp_path / "more" / "metrics.json").read_text())
-    assert metrics["train_instances"] == 10000 and metrics["test_auc"] >= 0.65
+    assert metrics["train_instances"] == 4 * LINES and metrics["test_auc"] >= MIN_AUC
     assert sorted(p.name for p in (tmp_path / "more" / "checkpoints").iterdir()) == [
         "checkpoint-0000002"]
 

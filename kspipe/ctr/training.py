@@ -54,13 +54,15 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         reporter.say(f"resumed after epoch {first_epoch} from {cfg.resume}")
     reporter.say(f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
                  f"{dataset.threads} reader thread(s), epochs {first_epoch + 1}-{epochs}")
+    role.barrier_worker()  # the clock starts on every worker together
     started = time.perf_counter()
     for epoch in range(first_epoch, epochs):
         files = make_dataset(dataset)
         with monitor, printer:
             executor.train_from_dataset(
                 program=programs.main, dataset=files, scope=scope, thread=dataset.threads,
-                debug=False, fetch_list=list(programs.fetch.values()) or None,
+                debug=bool(cfg.datafeed.profile),
+                fetch_list=list(programs.fetch.values()) or None,
                 fetch_info=names or None, print_period=cfg.datafeed.print_period)
         if dataset.kind == "in_memory":
             files.release_memory()
@@ -72,12 +74,14 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     seconds = time.perf_counter() - started
     auc = monitor.auc()
     samples = per_epoch * (epochs - first_epoch)
-    rate = np.array([samples / seconds if samples else 0.0], np.float64)
-    total_rate = np.zeros_like(rate)
-    role.all_reduce_worker(rate, total_rate, "sum")
-    metrics = {"train_auc": auc, "samples_per_s": float(total_rate[0]),
-               "worker_samples_per_s": float(rate[0]), "train_instances": samples,
-               "train_seconds": seconds}
+    # all workers' samples over the slowest worker's time: the job's rate, waits included
+    everyone = np.array([samples, seconds], np.float64)
+    total, slowest = np.zeros_like(everyone), np.zeros_like(everyone)
+    role.all_reduce_worker(everyone, total, "sum")
+    role.all_reduce_worker(everyone, slowest, "max")
+    metrics = {"train_auc": auc, "samples_per_s": float(total[0] / max(slowest[1], 1e-9)),
+               "worker_samples_per_s": samples / max(seconds, 1e-9),
+               "train_instances": samples, "train_seconds": seconds}
     metrics.update({f"fetch_{name}": value for name, value in printer.latest.items()})
     return metrics
 

@@ -44,6 +44,10 @@ class DatafeedConfig:
     fetch: List[str] = field(default_factory=lambda: ["loss"])
     print_period: int = 100
     print_period_s: float = 5     # seconds between progress lines (instances seen, running AUC)
+    # profile: train_from_dataset's debug mode: every 100 batches its first thread prints
+    # each op's mean seconds per batch (the servers' pulls and pushes included) on standard
+    # error (a cluster role's: its log, <run_dir>/logs/worker.0.log)
+    profile: bool = False
     generated: GeneratedConfig = field(default_factory=GeneratedConfig)
 
 

@@ -148,10 +148,29 @@ class FleetTables(ParameterSync):
 
         strategy = self.role.fleet.DistributedStrategy()
         strategy.a_sync = True
+        self.one_shard_per_server(strategy, loss.block.program)
         result = self.role.fleet.distributed_optimizer(self._inner, strategy).minimize(loss)
         self.program = loss.block.program  # fleet's rewritten worker program
         self.startup = paddle.static.default_startup_program()
         return result
+
+    def one_shard_per_server(self, strategy, program) -> None:
+        """Each sparse table in one shard per server, not fleet's default 1000.
+
+        Paddle 2.6.2's server table runs every pull and push as one task per local shard,
+        empty shards included, on a pool of 24 threads per table: with 1000 shards, one
+        batch's pulls and pushes of three tables were 6,000 thread hand-offs, and on a
+        2-core host the workers waited for them 82% of the time (BENCHMARKS.md, ctr on
+        parameter servers).  With one shard a request is one task.  Clients send key k
+        to server k % servers, so the keys still spread over every server.
+        """
+        servers = len(self.role.get_pserver_endpoints())
+        tables = {op.input("W")[0] for op in program.global_block().ops
+                  if op.type == "lookup_table" and op.attr("is_distributed")}
+        for name in sorted(tables):  # the tables role.embedding made (sparse_embedding)
+            table = strategy.sparse_table_configs.add()
+            table.table_name = name
+            table.shard_num = servers
 
     def connect(self, scope) -> None:
         import paddle
