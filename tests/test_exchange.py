@@ -4,8 +4,10 @@
   so every value is exact in float32), with one and two servers;
 * Reptile with ``cluster.strategy=sync``: W workers end with the weights of one process
   whose meta-batch is the workers' tasks together (float rounding apart), with one and two
-  servers;
-* one learning run, compared with a local run over the same tasks.
+  servers.
+
+The long learning runs, each mode against a local run over the same tasks, are in
+test_learning.py.
 """
 
 import json

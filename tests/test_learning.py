@@ -1,8 +1,10 @@
 """Meta-training helps, in every mode: on a small seeded KanjiVG set, Reptile beats the
 same evaluation of a model that was never meta-trained, by more than both 95% intervals,
-and a cluster that saw the same tasks (split between two workers) learns as well as one
-process did (within both intervals).  The exchanges' arithmetic is checked exactly in
-test_exchange.py and test_collective.py; these are the long learning runs."""
+and a cluster that saw the same 1500 tasks (split between two workers) learns as well as
+one process did (within both intervals) and beats the untrained model too.  The
+exchanges' arithmetic is checked exactly in test_exchange.py and test_collective.py;
+these are the long learning runs.  5-shot tasks: the untrained model reaches about 0.62
+and the trained one about 0.79, so a cluster that did not learn fails both checks."""
 
 import pytest
 from mlflow import MlflowClient
@@ -20,8 +22,8 @@ def learning_cfg(tmp_path, data, *overrides):
     return compose_config([
         "+experiment=omniglot_5way", f"dataset.root={data}", "dataset.train_characters=40",
         f"run_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        "model.filters=32", "task.shots=1", "train.shots=5", "train.meta_iters=300",
-        "eval.tasks=60", "eval.inner_iters=20", "eval.interval=0", "seed=0", *overrides])
+        "model.filters=32", "task.shots=5", "train.shots=5", "train.meta_iters=300",
+        "eval.tasks=100", "eval.inner_iters=20", "eval.interval=0", "seed=0", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -30,36 +32,27 @@ def local(tmp_path_factory, data60):
 
 
 def test_meta_training_beats_the_baseline(local):
-    trained, baseline = local["test_accuracy"], local["baseline_test_accuracy"]
-    assert trained - baseline >= 0.08, local
-    assert trained - local["test_accuracy_ci95"] > baseline + local["baseline_test_accuracy_ci95"]
+    assert local["test_accuracy"] - local["baseline_test_accuracy"] >= 0.1, local
+    assert beats_the_baseline(local, local)
 
 
-@pytest.fixture(scope="module")
-def local_big_batches(tmp_path_factory, data60):
-    """The same 1500 tasks in meta-batches of 10: a sync or collective round of 2 workers."""
-    return run(learning_cfg(tmp_path_factory.mktemp("local10"), data60, "train.meta_batch=10",
-                            "train.meta_iters=150", "eval.baseline=false"), plugin_manager())
+def beats_the_baseline(metrics, local) -> bool:
+    return (metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
+            > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"])
 
 
 @pytest.mark.parametrize("mode", [
-    ["mode=pserver", "cluster.strategy=async"],  # async: the workers interleave by timing
+    # async applies each worker's meta step as it comes: the steps of the local run
+    ["mode=pserver", "cluster.strategy=async"],
+    # a round averages the workers' meta steps: half as many steps, over twice the tasks
     ["mode=collective"]], ids=["pserver-async", "collective"])
-def test_a_cluster_learns_as_one_process_over_the_same_tasks(tmp_path, data60, local,
-                                                             local_big_batches, mode):
+def test_a_cluster_learns_as_one_process_over_the_same_tasks(tmp_path, data60, local, mode):
     cfg = learning_cfg(tmp_path, data60, *mode, "workers=2", "eval.baseline=false",
                        "cluster.timeout_s=600")
     metrics = run(cfg, plugin_manager())
-    if "mode=collective" in mode:
-        # a round averages the workers' meta steps: one step over both meta-batches
-        reference = local_big_batches
-    else:
-        # async applies each worker's meta step as it comes: the steps of the local run
-        reference = local
-        assert (metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
-                > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"])
-    both = metrics["test_accuracy_ci95"] + reference["test_accuracy_ci95"]
-    assert abs(metrics["test_accuracy"] - reference["test_accuracy"]) <= both, (metrics, reference)
+    assert beats_the_baseline(metrics, local), (metrics, local)
+    both = metrics["test_accuracy_ci95"] + local["test_accuracy_ci95"]
+    assert abs(metrics["test_accuracy"] - local["test_accuracy"]) <= both, (metrics, local)
     assert metrics["worker0/tasks_per_s"] > 0 and metrics["worker1/tasks_per_s"] > 0
 
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
@@ -79,5 +72,4 @@ def test_a_cluster_learns_as_one_process_over_the_same_tasks(tmp_path, data60, l
 def test_other_inner_loops_learn(tmp_path, data60, local, options):
     metrics = run(learning_cfg(tmp_path, data60, *options, "tracking.enabled=false",
                                "eval.baseline=false"), plugin_manager())
-    assert (metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
-            > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"]), metrics
+    assert beats_the_baseline(metrics, local), (metrics, local)

@@ -54,6 +54,17 @@ def kspipe_check_config(cfg):
         raise ConfigError("datafeed.desc and datafeed.train_files go together: set both (and "
                           "datafeed.test_files), or neither for the generated data set")
     check_integer(d.threads, "datafeed.threads", 1)
+    if d.train_files is not None and cfg.mode != "local":  # before a cluster is started
+        from kspipe.modes.launch import process_count
+
+        check_files_per_worker(len(resolve_files(d.train_files, "datafeed.train_files")),
+                               process_count(cfg.workers, "workers"))
+
+
+def check_files_per_worker(files: int, workers: int) -> None:
+    if files < workers:
+        raise DataError(f"{files} training file(s) for {workers} workers: each worker reads "
+                        f"whole files, so give at least one file per worker")
 
 
 @hookimpl
@@ -77,9 +88,7 @@ def kspipe_read_dataset(cfg, role):
     dataset = FileDataset(desc, label, dense_widths(desc, train), kind=d.dataset)
     if role.is_server():  # servers need the slots' shapes only
         return dataset
-    if len(train) < role.worker_num():
-        raise DataError(f"{len(train)} training file(s) for {role.worker_num()} workers: each "
-                        f"worker reads whole files, so give at least one file per worker")
+    check_files_per_worker(len(train), role.worker_num())
     dataset.train_files = role.split_files(train)
     dataset.test_files = test
     if d.validate:
