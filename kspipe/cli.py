@@ -46,6 +46,7 @@ def main() -> None:
         fail(err)
     if extra_dirs:
         sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
+    sys.argv += search_direction(args)
     register_schemas()  # hydra_main composes with them
     hydra_main()
     from kspipe.observers.sweep import FAILED_JOBS
@@ -53,6 +54,15 @@ def main() -> None:
     if FAILED_JOBS:
         print_error(f"{len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}")
         sys.exit(1)
+
+
+def search_direction(args: list[str]) -> list[str]:
+    """A hyperparameter search (``hydra/sweeper=optuna``) maximises the workload's headline
+    metric, which each job returns, unless told otherwise."""
+    chosen = [a.partition("=")[2] for a in args if a.lstrip("+~").startswith("hydra/sweeper=")]
+    if "optuna" in chosen and not any(a.startswith("hydra.sweeper.direction=") for a in args):
+        return ["hydra.sweeper.direction=maximize"]
+    return []
 
 
 def fail(err: KspipeError) -> None:
@@ -172,11 +182,14 @@ def available_experiments(extra_dirs: list[str]) -> set[str]:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kspipe.conf", config_name="config")
-def hydra_main(cfg) -> None:
+def hydra_main(cfg) -> float:
+    """Run one job; its value (the workload's headline metric) is what a hyperparameter
+    search (``hydra/sweeper=optuna``) optimises."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from kspipe.pipeline import run
+    from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
 
     hydra_cfg = HydraConfig.get()
@@ -193,13 +206,22 @@ def hydra_main(cfg) -> None:
             job = job or str(hydra_cfg.job.num)
             print_error(f"job {job}: {err}")
             FAILED_JOBS.append(f"{job}: {err}")
-            return
+            return worst_value(hydra_cfg)
         fail(err)
     except KeyboardInterrupt as stop:
         print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
                     f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
         sys.exit(getattr(stop, "exit_code", 130))
     print_summary(cfg, metrics)
+    value = metrics.get(describe_workload(_pm, cfg).headline) if metrics else None
+    return worst_value(hydra_cfg) if value is None else float(value)
+
+
+def worst_value(hydra_cfg) -> float:
+    """What a job without its headline metric (a failed one) gives a hyperparameter search:
+    the worst value, so the search goes on (optuna stops at a NaN)."""
+    direction = str(hydra_cfg.sweeper.get("direction", "maximize")).lower()
+    return float("inf") if "minimize" in direction else float("-inf")
 
 
 def print_summary(cfg, metrics: dict) -> None:

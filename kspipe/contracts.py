@@ -94,6 +94,9 @@ class Workload:
     :param summary: the metrics the closing line shows, in order (default: headline, rate).
     :param needs: what it needs of a mode (:data:`kspipe.modes.role.NEEDS`); a mode that
         cannot give one refuses the job before any process starts.
+    :param serving: ``module:Class`` of the predictor that serves its exported model as an
+        MLflow model (:mod:`kspipe.observers.serving` says what it must offer); empty: the
+        run logs its ``inference_model/`` folder but no MLflow model.
     """
 
     name: str
@@ -101,6 +104,7 @@ class Workload:
     rate: str
     summary: tuple = ()
     needs: frozenset = field(default_factory=frozenset)
+    serving: str = ""
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)

@@ -62,6 +62,7 @@ class TrackingConfig:
     uri: Optional[str] = None  # default sqlite:///<working folder>/mlflow.db
     experiment: str = "kspipe"
     run_name: Optional[str] = None
+    register: Optional[str] = None  # also register the run's MLflow model under this name
 
 
 def register_schemas() -> None:

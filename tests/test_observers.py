@@ -1,4 +1,4 @@
-"""The observers: MLflow is touched in tracking.py only, and the sweep's comparison and the
+"""The observers: MLflow is touched in tracking.py and serving.py only, and the sweep's comparison and the
 learning curve show the metrics each workload declares, not names written into them."""
 
 import csv
@@ -21,10 +21,10 @@ CTR = Workload(name="ctr", headline="test_auc", rate="samples_per_s",
                summary=("test_auc", "train_auc", "samples_per_s"))
 
 
-def test_only_the_tracking_module_imports_mlflow():
+def test_only_the_tracking_and_serving_modules_import_mlflow():
     importers = {str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                  if IMPORTS_MLFLOW.search(path.read_text())}
-    assert importers == {"kspipe/observers/tracking.py"}
+    assert importers == {"kspipe/observers/tracking.py", "kspipe/observers/serving.py"}
 
 
 def job(run_id, params, metrics, workload=None, status="FINISHED"):

@@ -17,13 +17,14 @@ import pytest
 
 from kspipe.testing import tiny_overrides
 
-#: How close the resumed run's weights come to the uninterrupted one's.  The servers add
-#: sync's pushes in the order they arrive, so two runs of the same job differ by float
-#: rounding, which 20 rounds of Adam-adapted steps grow to about 1e-5 (2.5e-5 seen).
-#: On a machine loaded far past its cores (load 9 on 2) a push can still sit in Paddle's
-#: communicator queue after client_flush; the runs then differ by more (1.5e-3 seen).
+#: How close the resumed run's weights come to the uninterrupted one's.  Local and collective
+#: runs repeat exactly.  The parameter servers add sync's pushes in the order they arrive, so
+#: the runs differ by float rounding: 1e-7 at the first checkpoint after the resume (2.3e-5
+#: seen once), which the training then grows (1e-4 after 36 more rounds), so for pserver the
+#: first checkpoint the resumed run writes is the one compared.  A worker resumed without its
+#: own optimiser state is 6e-4 away there.
 TOLERANCE = {"local": {"rtol": 1e-5, "atol": 1e-6}, "collective": {"rtol": 1e-5, "atol": 1e-6},
-             "pserver": {"rtol": 1e-3, "atol": 1e-4}}
+             "pserver": {"rtol": 1e-4, "atol": 1e-4}}
 CLUSTER = {"local": [],
            "pserver": ["mode=pserver", "workers=2", "cluster.strategy=sync"],
            "collective": ["mode=collective", "workers=2"]}
@@ -34,8 +35,11 @@ def kspipe(tmp_path, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def final_state(run_dir: Path) -> dict:
+def saved_state(run_dir: Path, iteration: int | None = None) -> dict:
+    """The weights of the run's checkpoint at ``iteration`` (default: its last)."""
     path = sorted((run_dir / "checkpoints").glob("checkpoint-*/state.pdparams"))[-1]
+    if iteration is not None:
+        path = run_dir / "checkpoints" / f"checkpoint-{iteration:07d}" / "state.pdparams"
     with open(path, "rb") as f:
         return pickle.load(f)
 
@@ -50,7 +54,8 @@ def job_processes(run_dir):
 def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_data, mode):
     iterations = 120 if mode == "local" else 40
     common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-              f"train.meta_iters={iterations}", "train.checkpoint_every=4", "eval.interval=0",
+              f"train.meta_iters={iterations}", "train.checkpoint_every=4",
+              f"train.keep_checkpoints={iterations // 4}", "eval.interval=0",
               "eval.baseline=false", *CLUSTER[mode]]
     whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}")
     assert whole.wait(timeout=300) == 0, whole.communicate()
@@ -85,7 +90,10 @@ def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_da
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     assert "resuming from meta-iteration" in stderr
-    expected, got = final_state(tmp_path / "whole"), final_state(tmp_path / "resumed")
+    after = min(int(p.name.split("-")[1]) for p in (tmp_path / "resumed" / "checkpoints").glob(
+        "checkpoint-*"))  # the first checkpoint the resumed run wrote
+    compared = after if mode == "pserver" else iterations
+    expected, got = (saved_state(tmp_path / run, compared) for run in ("whole", "resumed"))
     assert set(got) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, err_msg=name, **TOLERANCE[mode])

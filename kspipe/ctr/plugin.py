@@ -27,7 +27,8 @@ NEEDS = frozenset({"dataset_training", "sparse_tables"})
 def kspipe_describe_workload(cfg):
     needs = NEEDS | ({"resume_tables"} if cfg.get("resume") else set())
     return Workload(name="ctr", headline="test_auc", rate="samples_per_s",
-                    summary=("test_auc", "train_auc", "samples_per_s"), needs=frozenset(needs))
+                    summary=("test_auc", "train_auc", "samples_per_s"), needs=frozenset(needs),
+                    serving="kspipe.ctr.serving:ClickModel")
 
 
 @hookimpl

@@ -1,6 +1,9 @@
 """Hydra sweeps (``kspipe -m ...``): one parent run, a child run per job, and a comparison
 of the jobs on the parent.
 
+A hyperparameter search (``hydra/sweeper=optuna``) is such a sweep: each trial is a job
+whose value is its workload's headline metric, and the parent names the best trial.
+
 The callback has :mod:`kspipe.observers.tracking` create the parent run when the sweep
 starts; every job's run becomes its child.  A job that fails is reported on one line and
 recorded (its child run FAILED); the others still run.  At the end the parent gets
@@ -32,7 +35,8 @@ def swept_keys(overrides) -> list[str]:
     keys = []
     for override in overrides:
         key, sep, value = override.partition("=")
-        if sep and ("," in value or value.startswith(("range(", "choice(", "glob("))) \
+        if sep and ("," in value or value.startswith(("range(", "choice(", "glob(", "interval(",
+                                                       "tag("))) \
                 and not value.startswith(("[", "{", "'", '"')):
             keys.append(key.lstrip("+~"))
     return keys
@@ -84,13 +88,28 @@ class SweepCallback(Callback):
             outputs = [write_table(rows, columns, os.path.join(folder, "comparison.csv")),
                        plot_comparison(rows, workloads, os.path.join(folder, "comparison.png"))]
             names = unique(w.name for w in workloads) or [self.workload.name]
-            tags = {"kspipe.workload": ",".join(names)}
+            tags = {"kspipe.workload": ",".join(names), **best_job(rows, workloads)}
             failed = FAILED_JOBS or [r["job"] for r in rows if r["status"] != "FINISHED"]
             status = "FAILED" if failed else "FINISHED"
         finally:
             tracking.finish_parent_run(config, self.parent_id, status,
                                        [path for path in outputs if path], tags)
             self.parent_id = None
+
+
+def best_job(rows: list[dict], workloads: list[Workload]) -> dict:
+    """The finished job with the highest headline metric, as the parent's tags
+    ``kspipe.best_job`` and ``kspipe.best_run`` (said on screen too); none if none finished."""
+    from kspipe.reporting import say
+
+    done = [(row[w.headline], row) for row, w in zip(rows, workloads)
+            if row["status"] == "FINISHED" and row.get(w.headline) is not None]
+    if not done:
+        return {}
+    value, row = max(done, key=lambda pair: pair[0])
+    metric = workloads[rows.index(row)].headline
+    say(f"best: {row['job']}: {metric} {value:.3f} (run {row['run_id']})")
+    return {"kspipe.best_job": row["job"], "kspipe.best_run": row["run_id"]}
 
 
 def unique(items) -> list:

@@ -4,7 +4,10 @@ A run (the :class:`MlflowTracker` plugin): only the first worker records.  A run
 flattened resolved config as params, its workload's name and metrics as tags
 (``kspipe.workload``, ``kspipe.headline``, ``kspipe.rate``, ``kspipe.summary``), every
 metric the stages report, the resolved config, the inference model and a learning-curve
-PNG of the ``curve/*`` series as artifacts, and ends FINISHED, FAILED or KILLED.
+PNG of the ``curve/*`` series as artifacts, the inference model as the MLflow model
+``model`` (:mod:`kspipe.observers.serving`; registered as ``tracking.register`` if set),
+and ends FINISHED, FAILED or KILLED.  Its last line names the command that opens the
+runs page of the experiment (:func:`runs_page`).
 
 A sweep (called by :mod:`kspipe.observers.sweep`): :func:`start_parent_run` makes the
 parent and names it in ``KSPIPE_PARENT_RUN_ID``, whose runs become its children;
@@ -31,6 +34,7 @@ from kspipe import hookimpl
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, KspipeError
 from kspipe.files import user_path
+from kspipe.reporting import say
 
 PARENT_RUN_ENV = "KSPIPE_PARENT_RUN_ID"
 RUN_ENV = "KSPIPE_RUN_ID"  # a cluster's launcher made the run; its first worker records into it
@@ -258,6 +262,10 @@ class MlflowTracker:
         if not self.owner:
             self.run_id = os.environ[RUN_ENV]
             return
+        if cfg.tracking.get("register"):
+            from kspipe.observers import serving
+
+            serving.check_registry_name(self.client, cfg.tracking.register)
         tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
                 **workload_tags(self.describe(cfg))}
         if os.environ.get(PARENT_RUN_ENV):
@@ -309,10 +317,41 @@ class MlflowTracker:
                                   self.describe(cfg).headline)
             if plot:
                 self.client.log_artifact(self.run_id, plot)
-        if self.owner:
-            self._end("FINISHED")
-        else:
+        if not self.owner:
             self.run_id = None
+            return
+        try:
+            self.log_model(cfg, run_dir)
+        except BaseException:
+            self._end("FAILED")
+            raise
+        run_id = self.run_id
+        self._end("FINISHED")
+        if not os.environ.get(PARENT_RUN_ENV):  # a sweep names the page once, at its end
+            experiment = self.client.get_run(run_id).info.experiment_id
+            say(runs_page(cfg, experiment, self.describe(cfg).headline))
+
+    def log_model(self, cfg, run_dir: str) -> None:
+        """The run's inference model as its MLflow model, if its workload names a predictor.
+
+        A registry that refuses ``tracking.register`` fails the run (a
+        :class:`KspipeError`); a model that cannot be logged otherwise is said in one line
+        and the trained run is kept.
+        """
+        serving = self.describe(cfg).serving
+        if not serving or not os.path.isdir(os.path.join(run_dir, "inference_model")):
+            return
+        from kspipe.observers.serving import log_model
+
+        try:
+            log_model(tracking_uri(cfg), self.run_id, run_dir, serving,
+                      cfg.tracking.get("register"))
+        except KspipeError:
+            raise
+        except Exception as err:
+            reason = next((line for line in str(err).splitlines() if line.strip()),
+                          type(err).__name__)
+            say(f"the run's MLflow model was not logged ({serving}): {reason}")
 
     @hookimpl
     def kspipe_run_error(self, cfg, error):
@@ -325,6 +364,16 @@ class MlflowTracker:
         if os.environ.get(RUN_ENV) == self.run_id:
             del os.environ[RUN_ENV]
         self.run_id = None
+
+
+def runs_page(cfg, experiment: str, headline: str = "") -> str:
+    """The command that serves the store, and the page of the experiment's runs table
+    (``mlflow ui`` opens an experiment on its overview, not on its runs), best
+    ``headline`` first: sorted by a metric, the table also lists a sweep's child runs
+    instead of folding them under their parent."""
+    order = f"?orderByKey=metrics.%60{headline}%60&orderByAsc=false" if headline else ""
+    return (f"runs: mlflow ui --backend-store-uri {tracking_uri(cfg)} then "
+            f"http://127.0.0.1:5000/#/experiments/{experiment}/runs{order}")
 
 
 def learning_curve(curve: dict, path: str, headline: str = "") -> str | None:
@@ -409,6 +458,8 @@ def finish_parent_run(cfg, parent_id: str, status: str, artifacts=(), tags=None)
         for key, value in (tags or {}).items():
             client.set_tag(parent_id, key, value)
         client.set_terminated(parent_id, status)
+        parent = client.get_run(parent_id)
+        say(runs_page(cfg, parent.info.experiment_id, parent.data.tags.get("kspipe.headline", "")))
     finally:
         if os.environ.get(PARENT_RUN_ENV) == parent_id:
             del os.environ[PARENT_RUN_ENV]

@@ -45,6 +45,7 @@ class TrainConfig:
     foml_tail: Optional[int] = None  # foml: the last step on this many images per class, kept apart
     replacement: bool = False  # inner batches drawn afresh each step (else shuffled passes)
     weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the reference
+    batch_tasks: bool = True  # the meta-batch's tasks adapt side by side in one program (Reptile)
     meta_step: float = 1.0   # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
     checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)
@@ -62,6 +63,7 @@ class EvalConfig:
     inner_batch: int = 5
     baseline: bool = True    # also evaluate the model before meta-training
     transductive: bool = True  # queries share batch norm statistics; false: each query alone
+    batch_tasks: int = 10    # test tasks adapted side by side in one program (1: one at a time)
     interval: int = 100      # meta-iterations between learning-curve points (0: none)
     interval_tasks: int = 10  # tasks per learning-curve point
 

@@ -16,6 +16,7 @@ from kspipe import checkpoint, stopping
 from kspipe.errors import ClusterError
 from kspipe.files import user_path
 from kspipe.fewshot.data import Prefetcher, sample_task
+from kspipe.reptile.batched import tasks_together
 from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
 
 # Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
@@ -38,6 +39,9 @@ class ReptileLearner:
         self.reporter = reporter
         self.role = role
         self.tasks_done = 0
+        train, evaluation = tasks_together(cfg)
+        self.train_together = programs.batched.get(train)  # None: one task at a time
+        self.eval_together = programs.batched.get(evaluation)
 
     # --- running programs ---------------------------------------------------------
 
@@ -45,8 +49,10 @@ class ReptileLearner:
         return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
 
     def initialize(self) -> None:
-        """Run the startup program and record theta."""
+        """Run the startup programs and record theta."""
         self.run(self.p.startup)
+        for together in self.p.batched.values():
+            self.run(together.startup)
         self.run(self.p.save_theta)
 
     def adapt(self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int,
@@ -93,6 +99,25 @@ class ReptileLearner:
         self.run(self.p.accumulate)
         return loss
 
+    def adapt_together(self, together, tasks: list, batch: int, iterations: int) -> float:
+        """The inner loops of ``tasks`` ((x, y, rng) each, as many as ``together`` holds)
+        side by side, each from the model's current state, as :meth:`adapt` starts each
+        one; the slots then hold the adapted copies.  Returns the mean last loss."""
+        batches = [inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
+                   for x, _, rng in tasks]
+        self.run(together.spread)
+        loss = float("nan")
+        for k in range(iterations):
+            if together.decay is not None:
+                self.run(together.decay)
+            feed = together.stack([x[b[k]] for (x, _, _), b in zip(tasks, batches)],
+                                  [y[b[k]] for (_, y, _), b in zip(tasks, batches)])
+            fetch = [together.loss] if k == iterations - 1 else []
+            out = self.run(together.train, feed, fetch)
+            if fetch:
+                loss = float(np.asarray(out[0]).sum()) / len(tasks)
+        return loss
+
     def values(self, names) -> list:
         """The values of variables ``names`` in the scope, as numpy arrays."""
         return [np.array(self.scope.find_var(n).get_tensor()) for n in names]
@@ -130,6 +155,12 @@ class ReptileLearner:
         Task ``t = iteration * meta_batch + j`` draws from a stream keyed by ``t`` alone, so
         the tasks of W consecutive meta-iterations are those of one meta-iteration with a
         meta-batch W times larger: a cluster round is that larger meta-iteration.
+
+        With ``train.batch_tasks`` the meta-batch adapts side by side, each task from theta
+        and the optimiser's state at the start of the meta-iteration; the state then
+        becomes the tasks' mean (one at a time, each task starts from the state the one
+        before it left).  With plain gradient steps (``train.inner_optimizer=sgd``) there is
+        no such state and both paths take the same steps.
         """
         cfg = self.cfg
         tasks = []
@@ -151,9 +182,15 @@ class ReptileLearner:
         """
         cfg = self.cfg.train
         losses = []
-        for x, y, rng in tasks:
+        if self.train_together is not None and len(tasks) == self.train_together.tasks:
             self.run(self.p.restore_theta)
-            losses.append(self.adapt_to_task(x, y, rng))
+            losses.append(self.adapt_together(self.train_together, tasks, cfg.inner_batch,
+                                              cfg.inner_iters))
+            self.run(self.train_together.gather)
+        else:
+            for x, y, rng in tasks:
+                self.run(self.p.restore_theta)
+                losses.append(self.adapt_to_task(x, y, rng))
         workers = self.role.worker_num() if self.role is not None else 1
         eps = meta_step_size(iteration // workers, -(-cfg.meta_iters // workers), cfg.meta_step,
                              cfg.meta_step_final)
@@ -177,7 +214,8 @@ class ReptileLearner:
         """Mean query accuracy over ``num_tasks`` fresh tasks, and its 95% half-width.
 
         Each task adapts from the current theta and optimiser state, which are restored
-        afterwards, so evaluating changes nothing.
+        afterwards, so evaluating changes nothing.  Transductive evaluation adapts
+        ``eval.batch_tasks`` tasks side by side, to the same numbers.
         """
         cfg = self.cfg
         shots, queries = cfg.task.shots, cfg.eval.queries
@@ -189,14 +227,19 @@ class ReptileLearner:
             return nchw(t.support_x), t.support_y, nchw(t.query_x), t.query_y, rng
 
         accuracies = []
+        together = self.eval_together
         feed = Prefetcher(make, range(num_tasks))
         try:
-            for k, (sx, sy, qx, qy, rng) in feed:
+            for group in chunks(feed, together.tasks if together is not None else 1):
                 stopping.check()
-                self.run(self.p.restore_snapshot)
-                self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
-                accuracies.append(float(np.mean(self.classify(sx, qx) == qy)))
-                self.reporter.progress(label, k + 1, num_tasks,
+                if together is not None:
+                    accuracies += self.accuracies_together(together, [t for _, t in group])
+                else:
+                    _, (sx, sy, qx, qy, rng) = group[0]
+                    self.run(self.p.restore_snapshot)
+                    self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
+                    accuracies.append(float(np.mean(self.classify(sx, qx) == qy)))
+                self.reporter.progress(label, group[-1][0] + 1, num_tasks,
                                        {"accuracy": float(np.mean(accuracies))})
         finally:
             feed.close()
@@ -205,6 +248,18 @@ class ReptileLearner:
         half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
         return float(acc.mean()), float(half)
 
+    def accuracies_together(self, together, tasks: list) -> list:
+        """The query accuracy of each of ``tasks`` (support x, y, query x, y, rng), adapted
+        side by side; a short group is padded with copies of its last task."""
+        cfg = self.cfg.eval
+        padded = tasks + [tasks[-1]] * (together.tasks - len(tasks))
+        self.adapt_together(together, [(sx, sy, rng) for sx, sy, _, _, rng in padded],
+                            cfg.inner_batch, cfg.inner_iters)
+        (logits,) = self.run(together.forward, together.stack([qx for _, _, qx, _, _ in padded]),
+                             [together.logits])
+        return [float(np.mean(np.asarray(logits)[t].argmax(axis=1) == qy))
+                for t, (_, _, _, qy, _) in enumerate(tasks)]
+
     # --- checkpoints --------------------------------------------------------------
 
     def save_checkpoint(self, folder: str, iteration: int) -> str:
@@ -212,14 +267,23 @@ class ReptileLearner:
 
         In a cluster the first worker writes the model there; every other worker writes
         its own state (its inner optimiser's moments) to ``folder/worker-<i>/``, so a
-        resumed cluster continues as the uninterrupted one would.
+        resumed cluster continues as the uninterrupted one would.  The others write theirs
+        first: a checkpoint that ``resume=`` finds has every worker's state beside it, even
+        when the job was stopped while they were writing.
         """
         index = self.role.worker_index() if self.role is not None else 0
         if index:
             folder = os.path.join(folder, f"worker-{index}")
-        return checkpoint.save(self.p.train, self.scope, folder, iteration,
-                               {"meta_iteration": iteration, "tasks_done": self.tasks_done},
-                               self.cfg.train.keep_checkpoints, cfg=self.cfg)
+
+        def save():
+            return checkpoint.save(self.p.train, self.scope, folder, iteration,
+                                   {"meta_iteration": iteration, "tasks_done": self.tasks_done},
+                                   self.cfg.train.keep_checkpoints, cfg=self.cfg)
+
+        path = save() if index else None
+        if self.role is not None and self.role.worker_num() > 1:
+            self.role.barrier_worker()
+        return path or save()
 
     def load_checkpoint(self, path: str, key: str = "resume") -> int:
         """Load a checkpoint (or the newest one in a folder); returns its meta-iteration.
@@ -241,6 +305,18 @@ class ReptileLearner:
         self.run(self.p.save_theta)
         self.tasks_done = progress["tasks_done"]
         return progress["meta_iteration"]
+
+
+def chunks(items, size: int):
+    """Lists of ``size`` consecutive ``items`` (the last one shorter)."""
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def crossed(done: int, last_done: int, every: int) -> bool:

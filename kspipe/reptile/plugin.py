@@ -15,6 +15,7 @@ from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
 from kspipe.errors import ConfigError, check_integer, check_number
+from kspipe.reptile.batched import build_batched_programs, tasks_together, use_onednn_relu
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 
 
@@ -22,7 +23,7 @@ from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 def kspipe_describe_workload(cfg):
     return Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
                     summary=("test_accuracy", "baseline_test_accuracy", "train_accuracy",
-                             "tasks_per_s"))
+                             "tasks_per_s"), serving="kspipe.reptile.serving:FewShotModel")
 
 
 @hookimpl
@@ -33,7 +34,7 @@ def kspipe_check_config(cfg):
                      "train.meta_batch": 1, "train.inner_iters": 0, "train.inner_batch": 1,
                      "train.shots": 1, "eval.tasks": 1, "eval.train_tasks": 1,
                      "eval.queries": 1, "eval.inner_iters": 0, "eval.inner_batch": 1,
-                     "eval.interval": 0, "eval.interval_tasks": 1,
+                     "eval.interval": 0, "eval.interval_tasks": 1, "eval.batch_tasks": 1,
                      "train.checkpoint_every": 0, "train.keep_checkpoints": 1},
                numbers=("train.inner_lr", "train.meta_step", "train.meta_step_final"))
     for key, allowed in (("inner_optimizer", INNER_OPTIMIZERS), ("algorithm", ALGORITHMS)):
@@ -60,10 +61,13 @@ def kspipe_check_config(cfg):
 
 @hookimpl
 def kspipe_build_program(cfg, dataset, role):
-    return build_programs(image_shape=dataset.image_shape, ways=cfg.task.ways,
-                          model=cfg.model, inner_lr=cfg.train.inner_lr, seed=cfg.seed,
-                          inner_optimizer=cfg.train.inner_optimizer,
-                          weight_decay=cfg.train.weight_decay)
+    options = dict(image_shape=dataset.image_shape, ways=cfg.task.ways, model=cfg.model,
+                   inner_lr=cfg.train.inner_lr, inner_optimizer=cfg.train.inner_optimizer,
+                   weight_decay=cfg.train.weight_decay)
+    programs = build_programs(seed=cfg.seed, **options)
+    for tasks in set(tasks_together(cfg)) - {1}:
+        programs.batched[tasks] = build_batched_programs(programs, tasks, **options)
+    return programs
 
 
 @hookimpl
@@ -71,8 +75,11 @@ def kspipe_compile_program(cfg, role, programs):
     import paddle
 
     on_cpu = isinstance(role.place(), paddle.CPUPlace)
-    programs.compiled_train = compile_options(cfg, programs.train, programs.forward,
+    batched = [p for b in programs.batched.values() for p in (b.train, b.forward)]
+    programs.compiled_train = compile_options(cfg, programs.train, programs.forward, *batched,
                                               on_cpu=on_cpu)
+    if cfg.compile.onednn_conv and on_cpu:
+        use_onednn_relu(*batched)
     block = programs.train.global_block()
     programs.sync = role.parameter_sync({n: list(block.var(n).shape) for n in programs.params})
     return programs

@@ -48,6 +48,7 @@ class ReptilePrograms:
     decay: object = None  # params <- params * train.weight_decay, before each inner step
     compiled_train: object = None  # set by the compile stage; runs like ``train``
     sync: object = None  # set by the compile stage: the mode's exchange of ``params``
+    batched: dict = field(default_factory=dict)  # T -> BatchedPrograms of T tasks side by side
 
     @property
     def train_program(self):

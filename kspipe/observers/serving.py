@@ -1,0 +1,158 @@
+"""A run's inference model as an MLflow model (a pyfunc), and its registration.
+
+MLflow's ``paddle`` flavour cannot serve kspipe's models: it saves and loads dygraph
+layers (``paddle.jit.save`` / ``paddle.jit.load``, or a ``paddle.Model``), while kspipe
+exports static-graph inference programs (``paddle.static.save_inference_model``), and
+Reptile's service must also adapt the model on each request's support set, which no
+flavour's ``predict`` does.  So the model is a pyfunc: :class:`KspipeModel` wraps the
+predictor the workload names (:attr:`kspipe.contracts.Workload.serving`), with the run's
+``inference_model/`` folder (and whatever else the predictor asks for) as artifacts.
+
+A predictor is a class built from ``{name: local path}`` of those artifacts, with
+``predict(frame, params)`` (a table in, a table out; a :class:`~kspipe.errors.KspipeError`
+for a request it cannot answer, which the server returns as a 400 with its message) and
+two static methods: ``artifacts(run_dir)`` (what to carry of a run folder) and
+``example(artifacts)``, read without building the model: ``input`` (a request's table,
+the input example), ``output`` (an answer's), ``params`` (the request parameters, with
+their defaults) and optionally ``unchecked`` (columns of lists that MLflow must pass on as
+given, such as uint64 ids beyond its ``long``).  MLflow builds the model once while
+logging it, to check that the example is served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import warnings
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+from kspipe.errors import ConfigError, KspipeError
+
+MODEL_NAME = "model"  # runs:/<run id>/model
+
+
+class KspipeModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc of a kspipe run: ``predict`` is the workload's predictor's.
+
+    :param serving: ``module:Class`` of the predictor.
+    """
+
+    def __init__(self, serving: str):
+        self.serving = serving
+        self.predictor = None
+
+    def load_context(self, context) -> None:
+        self.predictor = predictor_class(self.serving)(dict(context.artifacts))
+
+    def predict(self, context, model_input, params=None):
+        try:
+            return self.predictor.predict(model_input, dict(params or {}))
+        except KspipeError as err:  # the request's mistake: a 400 with one line
+            raise MlflowException(str(err), error_code=INVALID_PARAMETER_VALUE) from None
+
+
+def predictor_class(serving: str):
+    module, _, name = serving.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def log_model(uri: str, run_id: str, run_dir: str, serving: str,
+              register: str | None = None) -> str:
+    """Log the run folder's inference model as the pyfunc ``model`` of ``run_id``, with a
+    signature and an input example, and register it as ``register`` if set; return the
+    model's URI.  A name the registry refuses raises :class:`ConfigError`."""
+    from mlflow.models import infer_signature
+
+    cls = predictor_class(serving)
+    artifacts = cls.artifacts(run_dir)
+    example = cls.example(artifacts)
+    with quiet():
+        signature = infer_signature(example["input"], example["output"],
+                                    params=example["params"] or None)
+    signature.inputs = loosened(signature.inputs, example.get("unchecked", ()))
+    with quiet(), fluent_store(uri), mlflow.start_run(run_id=run_id):  # ends it, as kspipe would
+        info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=KspipeModel(serving),
+                                       artifacts=artifacts, signature=signature,
+                                       input_example=example["input"],
+                                       pip_requirements=requirements())
+    if register:
+        try:
+            with fluent_store(uri):
+                mlflow.register_model(info.model_uri, register)
+        except MlflowException as err:
+            raise registry_error(register, err) from err
+    return f"runs:/{run_id}/{MODEL_NAME}"
+
+
+@contextlib.contextmanager
+def fluent_store(uri: str):
+    """MLflow's fluent API on the store ``uri`` for the block.  MLflow keeps the setting in
+    the process and in ``MLFLOW_TRACKING_URI`` (which processes started later inherit);
+    both are as they were afterwards."""
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        if previous is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
+
+
+def loosened(schema, names):
+    """``schema`` with the columns ``names`` taking lists of any values, which MLflow then
+    passes on as given (uint64 ids beyond its ``long``); the predictor checks them."""
+    from mlflow.types.schema import AnyType, Array, ColSpec, Schema
+
+    return Schema([ColSpec(Array(AnyType()), column.name) if column.name in names else column
+                   for column in schema.inputs])
+
+
+@contextlib.contextmanager
+def quiet():
+    """No progress bars, hints or pickling notes from MLflow while it logs the model: the
+    model is pickled by reference to its class (kspipe is installed where it is served),
+    and its signature comes from the predictor's own example."""
+    logger = logging.getLogger("mlflow.pyfunc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+        if bar is None:
+            del os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
+
+
+def requirements() -> list[str]:
+    """What the model's own environment needs: kspipe itself brings the rest."""
+    from importlib.metadata import version
+
+    return [f"kspipe=={version('kspipe')}"]
+
+
+def check_registry_name(client, name: str) -> None:
+    """Raise :class:`ConfigError` now, before a run starts, for a name the registry refuses."""
+    try:
+        client.get_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise registry_error(name, err) from err
+
+
+def registry_error(name: str, err: MlflowException) -> ConfigError:
+    reason = next((line.strip() for line in str(err.message).splitlines() if line.strip()),
+                  type(err).__name__)
+    return ConfigError(f"tracking.register={name}: the MLflow model registry refuses it: {reason}")
+

@@ -1,0 +1,219 @@
+"""Several tasks adapted side by side in one program: the model's copies as grouped convolutions.
+
+T tasks' copies of the weights are stacked slot by slot: a convolution's filters become
+[T * out, in, k, k] run with ``groups=T``, batch norm's scale and bias [T * channels], the
+dense layer a batched matmul over [T, features, ways].  Task t's images fill channel group
+t of one input [batch, T * channels, H, W], so every layer, batch norm's statistics
+included, sees only its own task, and the loss, the sum of each task's mean loss, gives
+each copy its own gradient.  Adam (and SGD, and weight decay) act elementwise, so each slot
+also keeps its own optimiser state.  One step of the T tasks is then one program run over
+[batch, T * channels] images: each op's fixed cost is paid once instead of T times, which
+on CPU is most of a step at batch 5 or 10 (measured in BENCHMARKS.md).
+
+The slots live in variables of their own (``tasks<T>.<name>``); the model's variables stay
+those of :mod:`kspipe.reptile.programs`, which checkpoints, modes and evaluation share:
+
+* ``spread``: every slot <- the model's current state (parameters, Adam's moments and step
+  counts): T tasks that start where the per-task path would restore each one;
+* ``gather`` (meta-training): ``acc <- acc + sum of the slots' parameters``, for the usual
+  meta step, and the optimiser's state <- the slots' mean moments and their step count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kspipe.reptile.programs import ACC
+
+
+@dataclass
+class BatchedPrograms:
+    """The programs that adapt ``tasks`` tasks together, over the slot variables."""
+
+    tasks: int
+    startup: object  # creates the slot variables
+    train: object  # one step of every slot: feeds x [batch, T*C, H, W], y [T, batch, 1]
+    forward: object  # logits [T, batch, ways] (batch statistics), no update
+    spread: object  # every slot <- the model's state
+    gather: object  # acc += sum of the slots' parameters; optimiser state <- the slots' mean
+    x: object
+    y: object
+    loss: object  # the sum over the slots of each task's mean loss
+    logits: object
+    decay: object = None  # slot parameters * train.weight_decay, before each step
+
+    def stack(self, images: list, labels: list = None) -> dict:
+        """The feed of one step: task t's images [batch, C, H, W] into channel group t."""
+        import numpy as np
+
+        x = np.stack(images, axis=1)
+        feed = {"x": x.reshape(x.shape[0], -1, *x.shape[3:])}
+        if labels is not None:
+            feed["y"] = np.stack(labels).reshape(len(labels), -1, 1)
+        return feed
+
+
+def tasks_together(cfg) -> tuple[int, int]:
+    """How many tasks adapt side by side (1: one at a time): in meta-training, the
+    meta-batch with ``train.batch_tasks`` under Reptile (FOML's last-step change stays on
+    the per-task path); in evaluation, ``eval.batch_tasks`` test tasks, but no more than
+    an evaluation has, when transductive (a lone query's batch stays on the per-task path).
+    """
+    batch_train = cfg.train.batch_tasks and cfg.train.algorithm == "reptile"
+    train = cfg.train.meta_batch if batch_train else 1
+    most = max(cfg.eval.tasks, cfg.eval.train_tasks, cfg.eval.interval_tasks)
+    evaluation = min(cfg.eval.batch_tasks, most) if cfg.eval.transductive else 1
+    return train, evaluation
+
+
+def use_onednn_relu(*programs) -> None:
+    """ReLU on oneDNN's kernels too: after oneDNN's grouped convolutions, Paddle's own ReLU
+    kernels cost a fifth of a side-by-side step (BENCHMARKS.md); the same numbers."""
+    for program in programs:
+        for op in program.global_block().ops:
+            if op.type in ("relu", "relu_grad"):
+                op._set_attr("use_mkldnn", True)
+
+
+def build_batched_programs(programs, tasks: int, image_shape, ways: int, model,
+                           inner_lr: float, inner_optimizer: str = "adam",
+                           weight_decay: float = 1.0) -> BatchedPrograms:
+    """The programs that adapt ``tasks`` copies of ``programs``' model together; the
+    other arguments are those :func:`~kspipe.reptile.programs.build_programs` took."""
+    import paddle
+
+    prefix = f"tasks{tasks}."
+    with paddle.utils.unique_name.guard(prefix):
+        return _build(programs, tasks, prefix, image_shape, ways, model, inner_lr,
+                      inner_optimizer, weight_decay)
+
+
+def _build(programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_optimizer,
+           weight_decay) -> BatchedPrograms:
+    import paddle
+    import paddle.nn.functional as F
+
+    paddle.enable_static()
+    height, width, channels = image_shape
+    startup, train = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(train, startup):
+        x = paddle.static.data("x", [None, tasks * channels, height, width], "float32")
+        y = paddle.static.data("y", [tasks, None, 1], "int64")
+        logits = _grouped_network(x, tasks, prefix, ways, model)
+        forward = train.clone()
+        losses = F.cross_entropy(logits, y, reduction="none")  # [T, batch, 1]
+        loss = paddle.sum(paddle.mean(losses, axis=[1, 2]))
+        if inner_optimizer == "sgd":
+            optimizer = paddle.optimizer.SGD(learning_rate=inner_lr)
+        else:
+            optimizer = paddle.optimizer.Adam(learning_rate=inner_lr, beta1=0.0, beta2=0.999,
+                                              epsilon=1e-8, use_multi_tensor=True)
+        optimizer.minimize(loss)
+
+    model_vars = {v.name: v for v in programs.train.list_vars() if v.persistable}
+    slots = {v.name: v for v in train.list_vars() if v.persistable
+             and v.name.startswith(prefix)}
+    pairs = [(model_vars[_unprefixed(name, prefix)], slot) for name, slot in sorted(slots.items())]
+    params = [(m, s) for m, s in pairs if m.name in programs.params]
+    decay = None
+    if weight_decay != 1:
+        decay = _program(lambda get: [paddle.assign(paddle.scale(get(s), weight_decay), get(s))
+                                      for _, s in params])
+    return BatchedPrograms(
+        tasks=tasks, startup=startup, train=train, forward=forward,
+        spread=_program(lambda get: _spread(get, pairs, tasks)),
+        gather=_program(lambda get: _gather(get, pairs, programs.params, tasks)),
+        decay=decay, x=x, y=y, loss=loss, logits=logits)
+
+
+def _grouped_network(x, tasks: int, prefix: str, ways: int, model):
+    """``programs._network`` for ``tasks`` slots: the same layers, over slot-major copies."""
+    import paddle
+    import paddle.nn.functional as F
+    from paddle import ParamAttr
+
+    h = x
+    for i in range(model.layers):
+        h = paddle.static.nn.conv2d(h, tasks * model.filters, 3, stride=model.stride,
+                                    padding="SAME", groups=tasks, bias_attr=False,
+                                    param_attr=ParamAttr(name=f"{prefix}conv{i}.w"))
+        h = paddle.static.nn.batch_norm(
+            h, is_test=False, epsilon=1e-3, momentum=0.99,
+            param_attr=ParamAttr(name=f"{prefix}norm{i}.scale"),
+            bias_attr=ParamAttr(name=f"{prefix}norm{i}.bias"),
+            moving_mean_name=f"{prefix}norm{i}.mean",
+            moving_variance_name=f"{prefix}norm{i}.var")
+        if model.pool:
+            h = F.max_pool2d(h, kernel_size=2, stride=2, padding="SAME")
+        h = F.relu(h)
+    features = h.shape[1] // tasks * h.shape[2] * h.shape[3]
+    h = paddle.transpose(paddle.reshape(h, [-1, tasks, features]), [1, 0, 2])  # [T, batch, f]
+    weight = paddle.static.create_parameter([tasks, features, ways], "float32",
+                                            name=f"{prefix}dense.w")
+    bias = paddle.static.create_parameter([tasks, 1, ways], "float32", name=f"{prefix}dense.b",
+                                          is_bias=True)
+    return paddle.add(paddle.bmm(h, weight), bias)
+
+
+def _program(body):
+    """A program of ``body(get)``'s ops, where ``get(var)`` declares a scope variable in it."""
+    import paddle
+
+    program = paddle.static.Program()
+    block = program.global_block()
+
+    def get(var, name=None):
+        name = name or var.name
+        if block.has_var(name):
+            return block.var(name)
+        return block.create_var(name=name, shape=var.shape, dtype=var.dtype, persistable=True)
+
+    with paddle.static.program_guard(program, paddle.static.Program()):
+        body(get)
+    return program
+
+
+def _spread(get, pairs, tasks):
+    """Every slot <- the model's variable: tiled T times, or copied when one serves all
+    (Adam's step counts, the learning rate)."""
+    import paddle
+
+    for model_var, slot in pairs:
+        value = get(model_var)
+        if _size(slot) != _size(model_var):
+            value = paddle.reshape(paddle.tile(paddle.reshape(value, [1, -1]), [tasks, 1]),
+                                   list(slot.shape))
+        paddle.assign(value, get(slot))
+
+
+def _gather(get, pairs, params, tasks):
+    """acc += the sum of the slots' parameters; the rest of the model's state <- the slots'
+    mean (tiled variables) or the slots' common value."""
+    import paddle
+
+    for model_var, slot in pairs:
+        shape = list(model_var.shape)
+        if model_var.name in params:
+            total = paddle.reshape(paddle.sum(paddle.reshape(get(slot), [tasks, -1]), axis=0),
+                                   shape)
+            acc = get(model_var, model_var.name + ACC)
+            paddle.assign(paddle.add(acc, total), acc)
+        elif _size(slot) != _size(model_var):
+            mean = paddle.mean(paddle.reshape(get(slot), [tasks, -1]), axis=0)
+            paddle.assign(paddle.reshape(mean, shape), get(model_var))
+        else:
+            paddle.assign(get(slot), get(model_var))
+
+
+def _unprefixed(name: str, prefix: str) -> str:
+    """A slot variable's model variable: Adam's names take the prefix twice."""
+    while name.startswith(prefix):
+        name = name[len(prefix):]
+    return name
+
+
+def _size(var) -> int:
+    size = 1
+    for d in var.shape:
+        size *= d
+    return size

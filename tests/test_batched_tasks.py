@@ -1,0 +1,122 @@
+"""Tasks adapted side by side (grouped convolutions) take the per-task path's steps."""
+
+import numpy as np
+import pytest
+
+from kspipe.fewshot.data import sample_task
+from kspipe.reptile.learner import EVAL_TEST_STREAM, ReptileLearner, nchw
+from kspipe.reptile.programs import THETA, meta_step_size
+
+
+class Quiet:
+    run_dir = ""
+
+    def progress(self, *args, **kwargs):
+        pass
+
+
+@pytest.fixture
+def make_learner(tiny_cfg):
+    """A learner over the plugin's programs for the tiny config with ``overrides``."""
+    import paddle
+
+    from kspipe.fewshot import plugin as fewshot
+    from kspipe.modes.role import Role
+    from kspipe.reptile import plugin as reptile
+
+    def make(*overrides):
+        cfg = tiny_cfg("train.meta_iters=10", "eval.inner_iters=3", *overrides)
+        dataset = fewshot.kspipe_read_dataset(cfg=cfg, role=Role())
+        programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
+        programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
+        learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
+                                 paddle.static.Scope(), Quiet())
+        learner.initialize()
+        return learner
+
+    return make
+
+
+def values(learner, names):
+    return dict(zip(names, learner.values(names)))
+
+
+def close(actual, expected, names):
+    for name in names:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_sgd_meta_iterations_match_the_per_task_path(make_learner):
+    batched = make_learner("train.inner_optimizer=sgd", "train.meta_batch=3")
+    one_by_one = make_learner("train.inner_optimizer=sgd", "train.meta_batch=3",
+                              "train.batch_tasks=false")
+    assert batched.train_together.tasks == 3 and one_by_one.train_together is None
+    for learner in (batched, one_by_one):
+        for i in range(3):
+            learner.meta_iteration(i, learner.train_tasks(i))
+    names = batched.p.params + [n + THETA for n in batched.p.params]
+    close(values(batched, names), values(one_by_one, names), names)
+
+
+def test_adam_meta_iteration_adapts_each_task_from_the_same_state(make_learner):
+    learner = make_learner("train.meta_batch=3", "train.weight_decay=0.999")
+    learner.meta_iteration(0, learner.train_tasks(0))  # Adam's moments are no longer zero
+    p, cfg = learner.p, learner.cfg.train
+    tasks = learner.train_tasks(1)
+    theta = values(learner, p.params)
+    learner.run(p.snapshot)
+    adapted = []
+    for x, y, rng in learner.train_tasks(1):  # the same tasks, each from the same state
+        learner.run(p.restore_snapshot)
+        learner.adapt(x, y, cfg.inner_batch, cfg.inner_iters, rng)
+        adapted.append(values(learner, p.state))
+    learner.run(p.restore_snapshot)
+
+    learner.meta_iteration(1, tasks)
+    eps = meta_step_size(1, cfg.meta_iters, cfg.meta_step, cfg.meta_step_final)
+    moments = [n for n in p.state if "_moment" in n]
+    expected = {n: theta[n] + eps * (np.mean([a[n] for a in adapted], 0) - theta[n])
+                for n in p.params}
+    expected.update({n: np.mean([a[n] for a in adapted], 0) for n in moments})
+    close(values(learner, p.params + moments), expected, p.params + moments)
+    counts = [n for n in p.state if "_pow_acc" in n]
+    close(values(learner, counts), adapted[0], counts)
+
+
+def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner):
+    learner = make_learner("eval.batch_tasks=3", "eval.tasks=5", "eval.queries=2")
+    learner.meta_iteration(0, learner.train_tasks(0))
+    together, cfg = learner.eval_together, learner.cfg
+    assert together.tasks == 3
+    before = values(learner, learner.p.state)
+    batched = learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")
+    for name, value in values(learner, learner.p.state).items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    learner.eval_together = None
+    assert batched == pytest.approx(learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM,
+                                                     "test"))
+
+    tasks = []  # the same three tasks, side by side and then one by one
+    for k in range(3):
+        rng = np.random.default_rng([cfg.seed, 7, k])
+        t = sample_task(learner.dataset.test, cfg.task.ways, cfg.task.shots, 2, rng)
+        tasks.append((nchw(t.support_x), t.support_y, nchw(t.query_x)))
+    learner.adapt_together(together, [(sx, sy, np.random.default_rng(k))
+                                      for k, (sx, sy, _) in enumerate(tasks)],
+                           cfg.eval.inner_batch, cfg.eval.inner_iters)
+    (logits,) = learner.run(together.forward, together.stack([qx for _, _, qx in tasks]),
+                            [together.logits])
+    learner.run(learner.p.snapshot)
+    for k, (sx, sy, qx) in enumerate(tasks):
+        learner.run(learner.p.restore_snapshot)
+        learner.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters,
+                      np.random.default_rng(k))
+        np.testing.assert_allclose(logits[k], learner.predict(qx), rtol=1e-4, atol=1e-4)
+
+
+def test_configurations_it_does_not_cover_take_the_per_task_path(make_learner):
+    learner = make_learner("train.algorithm=foml", "eval.transductive=false")
+    assert learner.train_together is None and learner.eval_together is None
+    assert not learner.p.batched
+    learner.meta_iteration(0, learner.train_tasks(0))
