@@ -37,6 +37,8 @@ import numpy as np  # noqa: E402
 EXPERIMENT = "+experiment=omniglot_5way"
 KSPIPE_JOBS = {"kspipe, one task at a time": ["train.batch_tasks=false", "eval.batch_tasks=1"],
                "kspipe, tasks side by side": []}
+JOB_KEYS = {"bare": "bare Paddle loop, reference's structure",
+            "before": "kspipe, one task at a time", "after": "kspipe, tasks side by side"}
 
 
 def job_overrides(args) -> list[str]:
@@ -210,6 +212,8 @@ def main() -> None:
     parser.add_argument("--test-tasks", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-steps", action="store_true", help="skip the inner-step times")
+    parser.add_argument("--jobs", default="bare,before,after",
+                        help="which jobs, of bare, before and after (the bare loop comes first)")
     parser.add_argument("--child", choices=("reference", "kspipe", "steps"),
                         help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -240,6 +244,8 @@ def main() -> None:
     jobs = {"bare Paddle loop, reference's structure": ["--child", "reference", *size]}
     for name, extra in KSPIPE_JOBS.items():
         jobs[name] = ["--child", "kspipe", "--", *job_overrides(args), *extra]
+    chosen = {JOB_KEYS[key] for key in args.jobs.split(",")} | {JOB_KEYS["bare"]}
+    jobs = {name: argv for name, argv in jobs.items() if name in chosen}
     walls = {name: [] for name in jobs}
     for repeat in range(args.repeats):
         for name, argv in jobs.items():

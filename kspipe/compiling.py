@@ -20,13 +20,20 @@ def compile_options(cfg, train, *others, on_cpu: bool = True):
     if cfg.compile.onednn_conv and on_cpu:
         use_onednn(train, *others)
     apply_execution_strategy(dict(cfg.compile.get("execution_strategy") or {}))
+    options = build_options(cfg)
+    return compile_with(train, options) if options else None
+
+
+def build_options(cfg) -> dict:
+    """``cfg.compile.build_strategy``, a relative ``debug_graphviz_path`` made the run
+    folder's (and its folder created)."""
     options = dict(cfg.compile.build_strategy or {})
     graph = options.get("debug_graphviz_path")
     if graph and not os.path.isabs(graph) and cfg.get("run_dir"):
         options["debug_graphviz_path"] = os.path.join(cfg.run_dir, graph)
     if graph:
         os.makedirs(os.path.dirname(options["debug_graphviz_path"]) or ".", exist_ok=True)
-    return compile_with(train, options) if options else None
+    return options
 
 
 #: ExecutionStrategy options of the Fluid era that Paddle 2.6.2 no longer applies anywhere.

@@ -62,6 +62,7 @@ class TrackingConfig:
     uri: Optional[str] = None  # default sqlite:///<working folder>/mlflow.db
     experiment: str = "kspipe"
     run_name: Optional[str] = None
+    model: bool = True  # log the run's inference model as an MLflow model (a pyfunc)
     register: Optional[str] = None  # also register the run's MLflow model under this name
 
 

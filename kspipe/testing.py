@@ -41,6 +41,7 @@ def tiny_overrides(tmp_path: Path, data_root: Path, train_characters: int = 20) 
         f"dataset.train_characters={train_characters}",
         f"run_dir={tmp_path / 'run'}",
         f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "tracking.model=false",  # tests of the MLflow model ask for it
         "model.filters=16",
         "train.meta_iters=4",
         "train.meta_batch=2",

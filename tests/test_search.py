@@ -26,7 +26,7 @@ def tiny(tmp, data):
     """A tiny Reptile job; jobs share the sweep's process (Reptile leaves nothing behind)."""
     return ["+experiment=omniglot_5way", "isolate=false", "eval.baseline=false",
             "eval.interval=0", *[o for o in tiny_overrides(tmp, data) if not o.startswith(
-                ("run_dir=", "eval.interval="))]]
+                ("run_dir=", "eval.interval=", "tracking.model="))]]
 
 
 @pytest.fixture(scope="module")

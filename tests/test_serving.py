@@ -190,13 +190,17 @@ def test_a_name_the_registry_refuses_is_one_line_before_any_run(ctr_run, tiny_da
     from kspipe.testing import compose_config
 
     tmp, store, *_ = ctr_run
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp / "refused", tiny_data),
-                          f"tracking.uri={store}", "tracking.register=team/fewshot"])
+    common = ["+experiment=omniglot_5way", *tiny_overrides(tmp / "refused", tiny_data),
+              f"tracking.uri={store}"]
     with pytest.raises(ConfigError) as refused:
-        run(cfg)
+        run(compose_config([*common, "tracking.model=true", "tracking.register=team/fewshot"]))
     assert str(refused.value) == (
         "tracking.register=team/fewshot: the MLflow model registry refuses it: "
         "Invalid model name 'team/fewshot'. Names cannot contain '/' or ':'.")
+    with pytest.raises(ConfigError) as refused:
+        run(compose_config([*common, "tracking.model=false", "tracking.register=fewshot"]))
+    assert str(refused.value) == ("tracking.register=fewshot registers the run's MLflow model, "
+                                  "which tracking.model=false does not log")
     only_run(store)  # the ctr run alone: none was started, so none is left RUNNING
 
 

@@ -265,6 +265,9 @@ class MlflowTracker:
         if cfg.tracking.get("register"):
             from kspipe.observers import serving
 
+            if not cfg.tracking.get("model", True):
+                raise ConfigError(f"tracking.register={cfg.tracking.register} registers the "
+                                  f"run's MLflow model, which tracking.model=false does not log")
             serving.check_registry_name(self.client, cfg.tracking.register)
         tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
                 **workload_tags(self.describe(cfg))}
@@ -339,7 +342,8 @@ class MlflowTracker:
         and the trained run is kept.
         """
         serving = self.describe(cfg).serving
-        if not serving or not os.path.isdir(os.path.join(run_dir, "inference_model")):
+        if (not serving or not cfg.tracking.get("model", True)
+                or not os.path.isdir(os.path.join(run_dir, "inference_model"))):
             return
         from kspipe.observers.serving import log_model
 

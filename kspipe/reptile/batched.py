@@ -41,6 +41,11 @@ class BatchedPrograms:
     loss: object  # the sum over the slots of each task's mean loss
     logits: object
     decay: object = None  # slot parameters * train.weight_decay, before each step
+    compiled_train: object = None  # set by the compile stage; runs like ``train``
+
+    @property
+    def train_program(self):
+        return self.compiled_train if self.compiled_train is not None else self.train
 
     def stack(self, images: list, labels: list = None) -> dict:
         """The feed of one step: task t's images [batch, C, H, W] into channel group t."""

@@ -113,7 +113,7 @@ class ReptileLearner:
             feed = together.stack([x[b[k]] for (x, _, _), b in zip(tasks, batches)],
                                   [y[b[k]] for (_, y, _), b in zip(tasks, batches)])
             fetch = [together.loss] if k == iterations - 1 else []
-            out = self.run(together.train, feed, fetch)
+            out = self.run(together.train_program, feed, fetch)
             if fetch:
                 loss = float(np.asarray(out[0]).sum()) / len(tasks)
         return loss

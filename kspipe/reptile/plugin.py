@@ -10,7 +10,7 @@ meta-iterations w, w+W, ..., so a cluster sees the tasks of a local run of that 
 from __future__ import annotations
 
 from kspipe import hookimpl
-from kspipe.compiling import compile_options
+from kspipe.compiling import build_options, compile_options, compile_with
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
@@ -80,6 +80,9 @@ def kspipe_compile_program(cfg, role, programs):
                                               on_cpu=on_cpu)
     if cfg.compile.onednn_conv and on_cpu:
         use_onednn_relu(*batched)
+    options = build_options(cfg)
+    for together in programs.batched.values():  # what trains side by side, built alike
+        together.compiled_train = compile_with(together.train, options) if options else None
     block = programs.train.global_block()
     programs.sync = role.parameter_sync({n: list(block.var(n).shape) for n in programs.params})
     return programs
