@@ -120,3 +120,35 @@ def test_configurations_it_does_not_cover_take_the_per_task_path(make_learner):
     assert learner.train_together is None and learner.eval_together is None
     assert not learner.p.batched
     learner.meta_iteration(0, learner.train_tasks(0))
+
+
+@pytest.mark.parametrize("options", [[], ["train.weight_decay=0.999"],
+                                     ["train.inner_optimizer=sgd"]], ids=["adam", "decay", "sgd"])
+def test_the_meta_batch_shared_among_threads_takes_one_programs_steps(make_learner, options):
+    shared = make_learner("train.meta_batch=5", "train.threads=2", *options)
+    alone = make_learner("train.meta_batch=5", "train.threads=1", *options)
+    assert [lane.together.tasks for lane in shared.train_lanes()] == [3, 2]
+    assert alone.train_lanes() == [] and alone.train_together.tasks == 5
+    names = shared.p.state + [n + THETA for n in shared.p.params]
+    for i in range(2):
+        for learner in (shared, alone):
+            learner.meta_iteration(i, learner.train_tasks(i))
+        close(values(shared, names), values(alone, names), names)
+        # Both go on from the same state: this small model's training is chaotic enough
+        # that float rounding (sums in another order) would grow past any tolerance.
+        for name, value in values(alone, names).items():
+            shared.scope.find_var(name).get_tensor().set(value, shared.exe.place)
+
+
+def test_test_tasks_spread_over_threads_score_as_in_one(make_learner):
+    learner = make_learner("eval.batch_tasks=2", "eval.tasks=9")
+    learner.meta_iteration(0, learner.train_tasks(0))
+    before = values(learner, learner.p.state)
+    scores = {}
+    for threads in (1, 3):
+        learner.cfg.eval.threads = threads
+        scores[threads] = learner.evaluate(learner.dataset.test, 9, EVAL_TEST_STREAM, "test")
+    assert len(learner._lanes) == 3
+    assert scores[3] == pytest.approx(scores[1], abs=1e-12)
+    for name, value in values(learner, learner.p.state).items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)

@@ -64,6 +64,19 @@ def test_rotation_rotates_the_image(tmp_path):
     assert plain[:, :5].mean() == 255 and turned[:, -5:].mean() == 255
 
 
+@pytest.mark.parametrize("rotation", [90, 180, 270, 45])
+def test_rotations_are_pils_from_one_cached_decode(tmp_path, rotation):
+    write_images(tmp_path / "c", 1, 28, "L")
+    cache = {}
+    upright = Open_KS_Character(str(tmp_path / "c"), cache=cache)._read_image("img0.png")
+    turned = Open_KS_Character(str(tmp_path / "c"), rotation=rotation,
+                               cache=cache)._read_image("img0.png")
+    with Image.open(tmp_path / "c" / "img0.png") as im:
+        expected = np.asarray(im.convert("L").rotate(rotation))
+    np.testing.assert_array_equal(turned[..., 0], expected)
+    assert len(cache) == 1 and not np.array_equal(turned, upright)
+
+
 def test_read_image_caches_decoded_images(tmp_path):
     write_images(tmp_path / "c", 2, 28, "L")
     character = Open_KS_Character(str(tmp_path / "c"))
@@ -131,3 +144,20 @@ def test_prefetcher_keeps_order_and_raises_errors():
             seen.append((i, value))
     feed.close()
     assert seen == [(i, i * i) for i in range(5)]
+
+
+def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path):
+    from kspipe.fewshot.data import decoded_mib, preload_images
+
+    for c in range(3):
+        write_images(tmp_path / "images_background" / "alpha" / f"character{c}", 4, 28, "L", seed=c)
+    train, _, test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
+    assert len(train) == 8 and len(test) == 1  # two characters, four rotations each
+    assert decoded_mib(train, test) == pytest.approx(3 * 4 * 28 * 28 / 2**20)
+    assert preload_images(train, test) == 12
+    cache = train[0]._cache
+    assert len(cache) == 12  # each file once: the rotations share their decoded images
+    (tmp_path / "images_background" / "alpha" / "character0" / "img0.png").write_bytes(b"\x89PNG broken")
+    fresh, _, more = read_omniglot(str(tmp_path), train_characters=2, seed=0)
+    with pytest.raises(DataError, match="cannot read image .*img0.png"):
+        preload_images(fresh, more)

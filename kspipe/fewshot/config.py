@@ -29,7 +29,8 @@ class DatasetConfig:
     root: Optional[str] = None         # null: the embedded KanjiVG data set (omniglot only)
     image_size: Optional[int] = None   # null: 28 for omniglot, 84 for miniimagenet
     train_characters: int = 1200       # Omniglot layout: characters that train; the rest test
-    verify: bool = True      # open every image's header before training, to name a bad file early
+    preload_mib: int = 512   # decode every image before training if they take at most this (MiB)
+    verify: bool = True      # else open every image's header before training, to name a bad file early
     augment: bool = True     # Omniglot layout: add 90/180/270 degree rotations of training
     #                          characters
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)

@@ -27,8 +27,9 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 class ImageClass:
     """One class: a folder of images, sampled as float arrays in [0, 1] of shape (H, W, C).
 
-    Decoded images are cached (as uint8) by ``_read_image``; the cache is shared by all
-    classes of a data set and safe to fill from several threads.
+    Decoded images are cached (as uint8, upright) by ``_read_image``; the cache is shared
+    by all classes of a data set, rotated copies of a class included, and safe to fill
+    from several threads.
     """
 
     def __init__(self, dir_path: str, size: int, channels: int, rotation: int = 0,
@@ -61,13 +62,22 @@ class ImageClass:
         return np.stack([self._read_image(self.names[i]) for i in picked]).astype(np.float32) / 255.0
 
     def _read_image(self, name: str) -> np.ndarray:
-        """The image file ``name`` of this folder, decoded, resized, rotated (uint8, cached)."""
-        key = (self.dir_path, name, self.rotation)
+        """The image file ``name`` of this folder, decoded, resized and rotated (uint8).
+
+        The decoded upright image is cached once for all rotations of the class; quarter
+        turns of a square image are taken from it as array views (what PIL's ``rotate``
+        gives for them), so sampling a task decodes nothing once its images are cached.
+        """
+        key = (self.dir_path, name)
         image = self._cache.get(key)
         if image is None:
             image = self._decode(os.path.join(self.dir_path, name))
             self._cache[key] = image
-        return image
+        if not self.rotation:
+            return image
+        if self.rotation % 90 == 0 and image.shape[0] == image.shape[1]:
+            return np.rot90(image, self.rotation // 90)
+        return self._rotate(image)
 
     def _decode(self, path: str) -> np.ndarray:
         mode = "L" if self.channels == 1 else "RGB"
@@ -76,11 +86,15 @@ class ImageClass:
                 im = im.convert(mode)
                 if im.size != (self.size, self.size):
                     im = im.resize((self.size, self.size), resample=Image.LANCZOS)
-                if self.rotation:
-                    im = im.rotate(self.rotation)
                 array = np.asarray(im, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
             raise DataError(f"cannot read image {path}: {err}") from err
+        return array.reshape(self.size, self.size, self.channels)
+
+    def _rotate(self, image: np.ndarray) -> np.ndarray:
+        """Any other rotation, by PIL (counter-clockwise, the size kept)."""
+        rotated = Image.fromarray(image.squeeze(-1) if self.channels == 1 else image)
+        array = np.asarray(rotated.rotate(self.rotation), dtype=np.uint8)
         return array.reshape(self.size, self.size, self.channels)
 
 
@@ -184,6 +198,28 @@ def verify_images(*splits: list) -> int:
                 except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
                     raise DataError(f"cannot read image {path}: {err}") from err
     return len(seen)
+
+
+def decoded_mib(*splits: list) -> float:
+    """What every image of these classes takes decoded (uint8), in MiB."""
+    seen = {(c.dir_path, c.size, c.channels, len(c)) for classes in splits for c in classes}
+    return sum(size * size * channels * count for _, size, channels, count in seen) / 2**20
+
+
+def preload_images(*splits: list) -> int:
+    """Decode every image of these classes into their caches; a file that is no image fails
+    clearly.  Sampling a task then decodes nothing, which keeps the CPU for training
+    (decoding on the sampling thread took a core's share from the training threads).
+    Returns the number of files decoded."""
+    seen = set()
+    for classes in splits:
+        for c in classes:
+            if c.dir_path in seen:
+                continue
+            seen.add(c.dir_path)
+            for name in c.names:
+                c._read_image(name)
+    return sum(len(c) for classes in splits for c in classes if c.rotation == 0)
 
 
 def _check_folder(path: str) -> None:

@@ -8,7 +8,7 @@ import sys
 from kspipe import hookimpl
 from kspipe.fewshot import kanji
 from kspipe.fewshot.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
-                         read_omniglot, verify_images)
+                         decoded_mib, preload_images, read_omniglot, verify_images)
 from kspipe.errors import ConfigError, DataError
 from kspipe.files import user_path
 
@@ -48,7 +48,9 @@ def kspipe_read_dataset(cfg, role):
             raise DataError(f"data folder {root} does not exist")
         raise DataError(f"data folder {root} has no 'train' folder "
                         f"(expected train/, val/, test/ of class folders)")
-    if data.verify:
+    if decoded_mib(train, val, test) <= data.preload_mib:
+        preload_images(train, val, test)  # each image decoded once: verified too
+    elif data.verify:
         verify_images(train, val, test)
     return FewShotDataset(name=data.name, train=train, val=val, test=test,
                           image_shape=(size, size, channels), root=root)

@@ -362,7 +362,8 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     plan = []
     for role, index, endpoint in local:
         env = dict(base, PADDLE_PORT=endpoint.rpartition(":")[2],
-                   OMP_NUM_THREADS=str(1 if role == "server" else threads))
+                   OMP_NUM_THREADS=str(1 if role == "server" else threads),
+                   KSPIPE_THREADS=str(1 if role == "server" else threads))
         if kind == "pserver":
             env.update(TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
                        PADDLE_TRAINER_ID=str(index if role == "worker" else 0))

@@ -21,6 +21,8 @@ those of :mod:`kspipe.reptile.programs`, which checkpoints, modes and evaluation
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from kspipe.reptile.programs import ACC
@@ -69,6 +71,39 @@ def tasks_together(cfg) -> tuple[int, int]:
     most = max(cfg.eval.tasks, cfg.eval.train_tasks, cfg.eval.interval_tasks)
     evaluation = min(cfg.eval.batch_tasks, most) if cfg.eval.transductive else 1
     return train, evaluation
+
+
+#: The cores a process of a cluster may use, set by its launcher (Paddle sets OMP_NUM_THREADS
+#: to 1 in every process that imports it, so that cannot tell).
+THREADS_ENV = "KSPIPE_THREADS"
+
+
+def thread_count(setting: int) -> int:
+    """``train.threads`` / ``eval.threads``, or with 0 the cores this process is meant to
+    use: its share where a cluster's launcher divided the cores among its workers, else
+    every core it may run on."""
+    if setting:
+        return setting
+    try:
+        return max(1, int(os.environ.get(THREADS_ENV, "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)))
+
+
+def train_lanes(cfg) -> list[int]:
+    """The meta-batch's share of each thread that adapts it (``train.threads``), at least
+    two tasks each; [] when it adapts in one thread."""
+    train, _ = tasks_together(cfg)
+    lanes = min(thread_count(cfg.train.threads), train // 2)
+    if lanes <= 1:
+        return []
+    return [train // lanes + (1 if i < train % lanes else 0) for i in range(lanes)]
+
+
+def program_sizes(cfg) -> set[int]:
+    """The task counts to build side-by-side programs for."""
+    train, evaluation = tasks_together(cfg)
+    return (set(train_lanes(cfg) or [train]) | {evaluation}) - {1}
 
 
 def use_onednn_relu(*programs) -> None:

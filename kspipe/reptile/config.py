@@ -46,6 +46,7 @@ class TrainConfig:
     replacement: bool = False  # inner batches drawn afresh each step (else shuffled passes)
     weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the reference
     batch_tasks: bool = True  # the meta-batch's tasks adapt side by side in one program (Reptile)
+    threads: int = 0          # threads sharing those tasks (0: the process's cores), 2+ tasks each
     meta_step: float = 1.0   # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
     checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)
@@ -64,6 +65,7 @@ class EvalConfig:
     baseline: bool = True    # also evaluate the model before meta-training
     transductive: bool = True  # queries share batch norm statistics; false: each query alone
     batch_tasks: int = 10    # test tasks adapted side by side in one program (1: one at a time)
+    threads: int = 0         # threads adapting such groups at once (0: the process's cores)
     interval: int = 100      # meta-iterations between learning-curve points (0: none)
     interval_tasks: int = 10  # tasks per learning-curve point
 

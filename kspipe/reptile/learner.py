@@ -8,7 +8,9 @@ collective workers).
 from __future__ import annotations
 
 import os
+import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -16,8 +18,8 @@ from kspipe import checkpoint, stopping
 from kspipe.errors import ClusterError
 from kspipe.files import user_path
 from kspipe.fewshot.data import Prefetcher, sample_task
-from kspipe.reptile.batched import tasks_together
-from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
+from kspipe.reptile.batched import tasks_together, thread_count, train_lanes
+from kspipe.reptile.programs import ACC, inner_batches, meta_step_size, tail_split
 
 # Keys of the per-purpose random streams: every task depends only on (seed, purpose, index).
 TRAIN_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, CURVE_STREAM = 1, 2, 3, 4
@@ -42,11 +44,53 @@ class ReptileLearner:
         train, evaluation = tasks_together(cfg)
         self.train_together = programs.batched.get(train)  # None: one task at a time
         self.eval_together = programs.batched.get(evaluation)
+        self._lanes = [Lane(executor, scope)]  # the threads that evaluate groups of tasks
+        self._train_sizes = train_lanes(cfg) if cfg.train.batch_tasks else []
+        self._train_lanes = None  # the threads that share the meta-batch, made when first used
+        self._train_pool = None
 
     # --- running programs ---------------------------------------------------------
 
     def run(self, program, feed=None, fetch=()):
-        return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
+        return self._lanes[0].run(program, feed, fetch)
+
+    def lanes(self, count: int) -> list:
+        """``count`` lanes for evaluating groups of tasks at once: this learner's own, then
+        lanes with child scopes of its scope that hold their own copies of the slot
+        variables (and read theta and the optimiser state from the parent)."""
+        while len(self._lanes) < count:
+            self._lanes.append(self.new_lane(self.eval_together))
+        return self._lanes[:count]
+
+    def new_lane(self, together, own=()):
+        """A lane for ``together``'s programs: a new executor and a child scope of this
+        learner's that holds the slot variables and the variables ``own`` (the rest it reads
+        from the parent)."""
+        import paddle
+
+        scope = self.scope.new_scope()
+        # Programs look their variables up through the parent scope: what a lane writes is
+        # created in its own scope first (typed, or an initialiser cannot size it), and so
+        # are its feed and fetch holders.
+        scope.var("feed")
+        scope.var("fetch")
+        for name in [v.name for v in together.startup.list_vars()] + list(own):
+            scope.var(name).get_tensor()
+        lane = Lane(paddle.static.Executor(self.exe.place), scope, together, own)
+        lane.run(together.startup)
+        return lane
+
+    def train_lanes(self) -> list:
+        """One lane per share of the meta-batch (``train.threads``); each gathers its tasks
+        into its own accumulator and optimiser state, which :meth:`adapt_on_lanes` combines."""
+        if self._train_lanes is None:
+            self._train_lanes = []
+            for size in self._train_sizes:
+                together = self.p.batched[size]
+                own = [v.name for v in together.gather.list_vars()
+                       if v.persistable and not v.name.startswith(f"tasks{size}.")]
+                self._train_lanes.append(self.new_lane(together, own))
+        return self._train_lanes
 
     def initialize(self) -> None:
         """Run the startup programs and record theta."""
@@ -99,24 +143,69 @@ class ReptileLearner:
         self.run(self.p.accumulate)
         return loss
 
-    def adapt_together(self, together, tasks: list, batch: int, iterations: int) -> float:
+    def adapt_together(self, together, tasks: list, batch: int, iterations: int,
+                       lane=None) -> float:
         """The inner loops of ``tasks`` ((x, y, rng) each, as many as ``together`` holds)
         side by side, each from the model's current state, as :meth:`adapt` starts each
-        one; the slots then hold the adapted copies.  Returns the mean last loss."""
+        one; the slots (of ``lane``, by default this learner's) then hold the adapted
+        copies.  Returns the mean last loss."""
+        run = (lane or self).run
         batches = [inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
                    for x, _, rng in tasks]
-        self.run(together.spread)
+        run(together.spread)
         loss = float("nan")
         for k in range(iterations):
             if together.decay is not None:
-                self.run(together.decay)
+                run(together.decay)
             feed = together.stack([x[b[k]] for (x, _, _), b in zip(tasks, batches)],
                                   [y[b[k]] for (_, y, _), b in zip(tasks, batches)])
             fetch = [together.loss] if k == iterations - 1 else []
-            out = self.run(together.train_program, feed, fetch)
+            out = run(together.train_program, feed, fetch)
             if fetch:
                 loss = float(np.asarray(out[0]).sum()) / len(tasks)
         return loss
+
+    def adapt_on_lanes(self, tasks: list, lanes: list) -> float:
+        """The meta-batch's tasks shared among ``lanes``, one thread each, each share side by
+        side from the model's current state; then acc holds the sum of all the adapted
+        weights and the optimiser state their mean, as one lane holding every task leaves
+        them.  Returns the mean last loss."""
+        cfg = self.cfg.train
+        for lane in lanes:  # each lane's copies start from the model's state, acc from 0
+            for name in lane.own:
+                value = self.values([name])[0]
+                lane.set(name, np.zeros_like(value) if name.endswith(ACC) else value)
+        shares, start = [], 0
+        for lane in lanes:
+            shares.append(tasks[start:start + lane.together.tasks])
+            start += lane.together.tasks
+
+        def adapt(lane, share):
+            from paddle.base import core
+
+            core.set_num_threads(1)
+            loss = self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
+                                       lane)
+            lane.run(lane.together.gather)
+            return loss
+
+        if self._train_pool is None:
+            self._train_pool = ThreadPoolExecutor(len(lanes), "kspipe-lane")
+        futures = [self._train_pool.submit(adapt, lane, share)
+                   for lane, share in zip(lanes, shares)]
+        losses = [f.result() for f in futures]
+        total = len(tasks)
+        for name in lanes[0].own:
+            values = [lane.value(name) for lane in lanes]
+            if name.endswith(ACC):
+                combined = self.values([name])[0] + sum(values)
+            elif all(np.array_equal(v, values[0]) for v in values):
+                combined = values[0]
+            else:  # the mean over every task: each lane holds the mean over its share
+                combined = sum(v.astype(np.float64) * lane.together.tasks
+                               for v, lane in zip(values, lanes)) / total
+            self._lanes[0].set(name, combined.astype(values[0].dtype))
+        return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / total)
 
     def values(self, names) -> list:
         """The values of variables ``names`` in the scope, as numpy arrays."""
@@ -182,7 +271,10 @@ class ReptileLearner:
         """
         cfg = self.cfg.train
         losses = []
-        if self.train_together is not None and len(tasks) == self.train_together.tasks:
+        if self._train_sizes and len(tasks) == sum(self._train_sizes):
+            self.run(self.p.restore_theta)
+            losses.append(self.adapt_on_lanes(tasks, self.train_lanes()))
+        elif self.train_together is not None and len(tasks) == self.train_together.tasks:
             self.run(self.p.restore_theta)
             losses.append(self.adapt_together(self.train_together, tasks, cfg.inner_batch,
                                               cfg.inner_iters))
@@ -229,18 +321,27 @@ class ReptileLearner:
         accuracies = []
         together = self.eval_together
         feed = Prefetcher(make, range(num_tasks))
+        lanes = self.lanes(thread_count(cfg.eval.threads)) if together is not None else []
         try:
-            for group in chunks(feed, together.tasks if together is not None else 1):
-                stopping.check()
-                if together is not None:
-                    accuracies += self.accuracies_together(together, [t for _, t in group])
-                else:
-                    _, (sx, sy, qx, qy, rng) = group[0]
-                    self.run(self.p.restore_snapshot)
-                    self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
-                    accuracies.append(float(np.mean(self.classify(sx, qx) == qy)))
-                self.reporter.progress(label, group[-1][0] + 1, num_tasks,
-                                       {"accuracy": float(np.mean(accuracies))})
+            if len(lanes) > 1:
+                groups = chunks(feed, together.tasks)
+                for done, group_accuracies in self.groups_on_lanes(together, groups, lanes):
+                    accuracies += group_accuracies
+                    self.reporter.progress(label, done, num_tasks,
+                                           {"accuracy": float(np.mean(accuracies))})
+                    stopping.check()
+            else:
+                for group in chunks(feed, together.tasks if together is not None else 1):
+                    stopping.check()
+                    if together is not None:
+                        accuracies += self.accuracies_together(together, [t for _, t in group])
+                    else:
+                        _, (sx, sy, qx, qy, rng) = group[0]
+                        self.run(self.p.restore_snapshot)
+                        self.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
+                        accuracies.append(float(np.mean(self.classify(sx, qx) == qy)))
+                    self.reporter.progress(label, group[-1][0] + 1, num_tasks,
+                                           {"accuracy": float(np.mean(accuracies))})
         finally:
             feed.close()
             self.run(self.p.restore_snapshot)
@@ -248,15 +349,53 @@ class ReptileLearner:
         half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
         return float(acc.mean()), float(half)
 
-    def accuracies_together(self, together, tasks: list) -> list:
+    def groups_on_lanes(self, together, groups, lanes: list):
+        """Adapt ``groups`` (lists of (index, task)) on ``lanes``, one thread each, with one
+        math thread each; yields (tasks done, their accuracies) per group, in order.
+
+        Threads, not oneDNN's math threads, are what use the cores here: Paddle lets go of
+        the GIL while a program runs, and a few ms steps of small convolutions parallelise
+        far better across tasks than inside one step (see BENCHMARKS.md).
+        """
+        free: queue.Queue = queue.Queue()
+        for lane in lanes:
+            free.put(lane)
+
+        def adapt(lane, group):
+            from paddle.base import core
+
+            core.set_num_threads(1)
+            try:
+                return self.accuracies_together(together, [t for _, t in group], lane)
+            finally:
+                free.put(lane)
+
+        pending = []
+        with ThreadPoolExecutor(len(lanes), thread_name_prefix="kspipe-lane") as pool:
+            try:
+                for group in groups:
+                    lane = free.get()
+                    pending.append((group[-1][0] + 1, pool.submit(adapt, lane, group)))
+                    while pending and (pending[0][1].done() or len(pending) >= len(lanes)):
+                        done, future = pending.pop(0)
+                        yield done, future.result()
+                for done, future in pending:
+                    yield done, future.result()
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
+    def accuracies_together(self, together, tasks: list, lane=None) -> list:
         """The query accuracy of each of ``tasks`` (support x, y, query x, y, rng), adapted
-        side by side; a short group is padded with copies of its last task."""
+        side by side (on ``lane``, by default this learner's); a short group is padded with
+        copies of its last task."""
         cfg = self.cfg.eval
         padded = tasks + [tasks[-1]] * (together.tasks - len(tasks))
         self.adapt_together(together, [(sx, sy, rng) for sx, sy, _, _, rng in padded],
-                            cfg.inner_batch, cfg.inner_iters)
-        (logits,) = self.run(together.forward, together.stack([qx for _, _, qx, _, _ in padded]),
-                             [together.logits])
+                            cfg.inner_batch, cfg.inner_iters, lane)
+        (logits,) = (lane or self).run(together.forward,
+                                       together.stack([qx for _, _, qx, _, _ in padded]),
+                                       [together.logits])
         return [float(np.mean(np.asarray(logits)[t].argmax(axis=1) == qy))
                 for t, (_, _, _, qy, _) in enumerate(tasks)]
 
@@ -305,6 +444,26 @@ class ReptileLearner:
         self.run(self.p.save_theta)
         self.tasks_done = progress["tasks_done"]
         return progress["meta_iteration"]
+
+
+class Lane:
+    """An executor and a scope to run programs in, one thread's own; for a lane that
+    adapts tasks side by side, their programs and the variables it holds itself."""
+
+    def __init__(self, executor, scope, together=None, own=()):
+        self.exe = executor
+        self.scope = scope
+        self.together = together
+        self.own = list(own)
+
+    def run(self, program, feed=None, fetch=()):
+        return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
+
+    def value(self, name: str) -> np.ndarray:
+        return np.array(self.scope.find_var(name).get_tensor())
+
+    def set(self, name: str, value: np.ndarray) -> None:
+        self.scope.find_var(name).get_tensor().set(value, self.exe.place)
 
 
 def chunks(items, size: int):

@@ -15,7 +15,7 @@ from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
 from kspipe.errors import ConfigError, check_integer, check_number
-from kspipe.reptile.batched import build_batched_programs, tasks_together, use_onednn_relu
+from kspipe.reptile.batched import build_batched_programs, program_sizes, use_onednn_relu
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 
 
@@ -35,6 +35,7 @@ def kspipe_check_config(cfg):
                      "train.shots": 1, "eval.tasks": 1, "eval.train_tasks": 1,
                      "eval.queries": 1, "eval.inner_iters": 0, "eval.inner_batch": 1,
                      "eval.interval": 0, "eval.interval_tasks": 1, "eval.batch_tasks": 1,
+                     "eval.threads": 0, "train.threads": 0,
                      "train.checkpoint_every": 0, "train.keep_checkpoints": 1},
                numbers=("train.inner_lr", "train.meta_step", "train.meta_step_final"))
     for key, allowed in (("inner_optimizer", INNER_OPTIMIZERS), ("algorithm", ALGORITHMS)):
@@ -65,7 +66,7 @@ def kspipe_build_program(cfg, dataset, role):
                    inner_lr=cfg.train.inner_lr, inner_optimizer=cfg.train.inner_optimizer,
                    weight_decay=cfg.train.weight_decay)
     programs = build_programs(seed=cfg.seed, **options)
-    for tasks in set(tasks_together(cfg)) - {1}:
+    for tasks in program_sizes(cfg):
         programs.batched[tasks] = build_batched_programs(programs, tasks, **options)
     return programs
 
