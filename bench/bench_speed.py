@@ -183,14 +183,53 @@ def step_times(threads: int) -> dict:
     out = {"an executor call of 14 copies": (time.perf_counter() - start) / 200 * 1000,
            "1 task, batch 10": timed(p.train, 1, 10, 100),
            "1 task, batch 5": timed(p.train, 1, 5, 100)}
-    for tasks, batch in ((5, 10), (10, 5), (20, 5)):
-        b = build_batched_programs(p, tasks, **options)
+    built = {}
+    for tasks, batch in ((5, 10), (10, 5), (20, 5), (3, 10), (2, 10)):
+        b = built[tasks] = build_batched_programs(p, tasks, **options)
         use_onednn(b.train)
         use_onednn_relu(b.train)
         exe.run(b.startup, scope=scope)
         exe.run(b.spread, scope=scope)
         out[f"{tasks} tasks, batch {batch}"] = timed(b.train, tasks, batch, 30)
+    # Two threads at once, each with its own executor and scope (kspipe's train.threads and
+    # eval.threads): the time of a step of both.
+    for shares, batch in (((10, 10), 5), ((3, 2), 10)):
+        out[f"two threads, {' + '.join(map(str, shares))} tasks, batch {batch}"] = \
+            two_threads(exe, [built[t] for t in shares], batch, rng, 30)
     return out
+
+
+def two_threads(exe, programs, batch, rng, steps) -> float:
+    """ms per step of ``programs`` (side-by-side programs) run at once on threads of their
+    own, each in a child scope with its own copies of the slot variables."""
+    import threading
+
+    import paddle
+    from paddle.base import core
+
+    def lane(b, x, y, times):
+        core.set_num_threads(1)
+        scope = paddle.static.Scope()
+        run = paddle.static.Executor(paddle.CPUPlace())
+        run.run(b.startup, scope=scope)
+        for _ in range(5):
+            run.run(b.train, feed={"x": x, "y": y}, scope=scope)
+        ready.wait()
+        start = time.perf_counter()
+        for _ in range(steps):
+            run.run(b.train, feed={"x": x, "y": y}, scope=scope)
+        times.append(time.perf_counter() - start)
+
+    ready = threading.Barrier(len(programs))
+    times: list = []
+    threads = [threading.Thread(target=lane, args=(
+        b, rng.random((batch, b.tasks, 28, 28), dtype=np.float32),
+        rng.integers(0, 5, (b.tasks, batch, 1)), times)) for b in programs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(times) / steps * 1000
 
 
 # --- the parent ---------------------------------------------------------------------
