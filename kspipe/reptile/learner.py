@@ -45,7 +45,7 @@ class ReptileLearner:
         self.train_together = programs.batched.get(train)  # None: one task at a time
         self.eval_together = programs.batched.get(evaluation)
         self._lanes = [Lane(executor, scope)]  # the threads that evaluate groups of tasks
-        self._train_sizes = train_lanes(cfg) if cfg.train.batch_tasks else []
+        self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the threads that share the meta-batch, made when first used
         self._train_pool = None
 
@@ -171,9 +171,10 @@ class ReptileLearner:
         weights and the optimiser state their mean, as one lane holding every task leaves
         them.  Returns the mean last loss."""
         cfg = self.cfg.train
+        own = lanes[0].own  # the same names in every lane
+        state = dict(zip(own, self.values(own)))
         for lane in lanes:  # each lane's copies start from the model's state, acc from 0
-            for name in lane.own:
-                value = self.values([name])[0]
+            for name, value in state.items():
                 lane.set(name, np.zeros_like(value) if name.endswith(ACC) else value)
         shares, start = [], 0
         for lane in lanes:
@@ -195,10 +196,10 @@ class ReptileLearner:
                    for lane, share in zip(lanes, shares)]
         losses = [f.result() for f in futures]
         total = len(tasks)
-        for name in lanes[0].own:
+        for name in own:
             values = [lane.value(name) for lane in lanes]
             if name.endswith(ACC):
-                combined = self.values([name])[0] + sum(values)
+                combined = state[name] + sum(values)
             elif all(np.array_equal(v, values[0]) for v in values):
                 combined = values[0]
             else:  # the mean over every task: each lane holds the mean over its share
