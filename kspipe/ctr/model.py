@@ -8,6 +8,7 @@ the click logit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from kspipe.errors import ConfigError
@@ -40,7 +41,8 @@ def build(cfg, dataset, role) -> CtrPrograms:
     main, startup = paddle.static.Program(), paddle.static.Program()
     main.random_seed = startup.random_seed = cfg.seed
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        net = network(dataset, m, role.embedding, with_label=True)
+        tables = functools.partial(role.embedding, feeding="dataset")  # train_from_dataset
+        net = network(dataset, m, tables, with_label=True)
     infer = paddle.static.Program()  # its parameters are the trained ones, shared by name
     unused_startup = paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(infer, unused_startup):

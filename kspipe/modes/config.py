@@ -16,8 +16,8 @@ class ClusterConfig:
     """How the processes of a distributed job exchange updates, and where they run."""
 
     strategy: str = "async"   # sync | async | geo (half_async is refused: Paddle 2.6.2 has none)
-    k_steps: int = 1          # geo: meta-iterations between exchanges with the servers
-    wait_push: bool = True    # async: wait until a push is sent before pulling (~100 ms, exact)
+    k_steps: int = 1          # geo: local updates between rounds with the servers
+    wait_push: bool = False   # async: wait until its push is sent before pulling (>= 100 ms a step)
     host: Optional[str] = None     # this host's address when the endpoint lists name several hosts
     threads: Optional[int] = None  # math threads per worker; default: cores / workers on this host
     timeout_s: Optional[float] = None  # stop the job if it runs longer (seconds)

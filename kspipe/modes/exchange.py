@@ -4,26 +4,35 @@ Paddle 2.6.2's own parameter-server strategies cannot be used from ``exe.run``: 
 never pulls dense parameters back, sync crashes in ``SendBarrierOp`` and geo sends no
 dense parameters.  So kspipe drives the exchange itself over the servers' tables:
 
-* :class:`ParameterExchange` moves dense parameters: a one-op "meta program",
+* :class:`ParameterExchange` moves dense parameters.  A one-op "meta program",
   ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
-  ``g`` makes the servers do ``theta -= g``;
-* :class:`StrategyExchange` is the strategies over it.  After each local update a worker
-  pushes the change it made since it last took the servers' parameters and takes them
-  back:
+  ``g`` makes the servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
+  the servers' values and returns once they hold them; ``pull`` reads them.
+* :class:`StrategyExchange` is the strategies over it.  After each local update:
 
-  - ``async``: the change as it is, applied as it arrives; with ``cluster.wait_push`` the
-    worker waits until its push is sent (``client_flush``, about 100 ms on Paddle 2.6.2:
-    its client polls its queue every 100 ms) before pulling, else the pull may miss it;
-  - ``sync``: the change / workers, sent, then a barrier of all workers before the pull:
-    every worker starts its next step from the same parameters, moved by the mean change;
-  - ``geo``: updates stay local; every ``k_steps`` updates the change / workers is pushed
-    and the merged parameters pulled (geo-SGD, scaled as Paddle's geo communicator does).
+  - ``async``: the worker pushes the change it made since it last took the servers'
+    parameters and pulls them back.  Workers never wait for each other or for their own
+    push, so a pull may not hold this worker's last push yet (it is applied a few ms later;
+    ``cluster.wait_push=true`` waits for it, ~100 ms a step);
+  - ``sync``: a round of all workers.  Their changes are summed in a fixed order (an
+    all-reduce among the workers); every worker goes on from ``theta - sum / workers``, and
+    the first worker writes it to the servers, which confirm it, before the next round.
+    Nothing is lost and the same run gives the same parameters, bit for bit;
+  - ``geo``: updates stay local; every ``k_steps`` updates, a sync round (geo-SGD with
+    rounds that every worker joins: LocalSGD over the servers).
+
+Paddle's brpc client holds dense pushes back for merging (up to 12, or until a
+``client_flush``, which polls every 100 ms); :data:`CLIENT_FLAGS` makes it send each push
+at once, so an async step costs a push and a pull (~2 ms on loopback), not a flush.
 
 A workload reaches this through its role (``parameter_sync``, ``distributed_optimizer``),
 never by importing it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import time
 
 import numpy as np
 
@@ -32,6 +41,17 @@ from kspipe.modes.role import ParameterSync, read_vars, write_vars
 
 STRATEGIES = ("sync", "async", "geo")
 META_GRAD = "_meta_grad"
+
+#: The worker's brpc client flags.  Paddle 2.6.2 reads them only from the descriptor that
+#: ``init_worker`` parses (its ``init_gflags``; ``paddle.set_flags`` cannot reach them).
+#: The first three are Paddle's own defaults for an empty ``init_gflags``, kept.
+CLIENT_FLAGS = " ".join((
+    "-max_body_size=314217728",
+    "-socket_max_unwritten_bytes=2048000000",
+    "-max_connection_pool_size=1950",
+    "-pserver_push_dense_merge_limit=0",         # send each dense push, do not wait for 12
+    "-pserver_async_push_dense_interval_ms=1",   # and look for pushes every 1 ms
+))
 
 
 def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> None:
@@ -88,17 +108,26 @@ class ParameterExchange:
 
         self.exe.run(self.startup, scope=self.scope)
         write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        runtime = self.fleet.fleet._runtime_handle
+        runtime.ps_desc_builder.ps_desc.init_gflags = CLIENT_FLAGS
         with paddle.static.scope_guard(self.scope):
             self.fleet.init_worker(scopes=[self.scope])
-        self.runtime = self.fleet.fleet._runtime_handle
+        self.runtime = runtime
         return self.get()
 
-    def push(self, grads: dict, wait: bool = True) -> None:
-        """The servers do ``theta -= grads``; with ``wait``, return once it is sent."""
+    def push(self, grads: dict, wait: bool = False) -> None:
+        """The servers do ``theta -= grads`` when the push arrives (within a few ms); with
+        ``wait``, return once it is sent (``client_flush``: at least 100 ms)."""
         feed = {name + META_GRAD: np.asarray(g, np.float32) for name, g in grads.items()}
         self.exe.run(self.program, feed=feed, scope=self.scope)
         if wait:
             self.flush()
+
+    def write(self, values: dict) -> None:
+        """Set the servers' parameters to ``values``; return once every server holds them."""
+        write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        for table_id, names in self._tables().items():
+            self.runtime._worker.push_dense_params(self.scope, table_id, names)
 
     def flush(self) -> None:
         """Wait until every push has been sent."""
@@ -106,12 +135,19 @@ class ParameterExchange:
 
     def pull(self) -> dict:
         """The servers' parameters."""
-        pull_all_dense(self.fleet)
+        for table_id, names in self._tables().items():
+            self.runtime._worker.pull_dense_params(self.scope, table_id, names)
         return self.get()
 
     def get(self) -> dict:
         """The parameters as last pulled (or pushed from)."""
         return read_vars(self.scope, self.names)
+
+    def _tables(self) -> dict:
+        """``{table id: its variables in the table's order}`` for the meta program's tables."""
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+        return get_the_one_recv_context(self.runtime.context, split_dense_table=False)
 
     def close(self, first: bool) -> None:
         """Leave the servers; the first worker (after the others) stops them."""
@@ -138,14 +174,26 @@ class StrategyExchange(ParameterSync):
     changes_parameters = True
 
     def __init__(self, role, shapes: dict, strategy: str, k_steps: int = 1,
-                 wait_push: bool = True):
+                 wait_push: bool = False):
         check_strategy(strategy, k_steps)
         self.role = role
         self.names = list(shapes)
         self.exchange = ParameterExchange(shapes)
         self.strategy, self.k_steps, self.wait_push = strategy, k_steps, wait_push
+        if strategy == "sync":
+            self.k_steps = 1
         self.scope = None
         self.steps = 0  # updates since the last exchange
+        self.rounds = 0  # exchanges so far
+        self.seconds: dict = {}  # time spent in each part of the exchanges so far
+
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
 
     def connect(self, scope) -> None:
         """Worker 0's parameters become the servers'; every worker takes them."""
@@ -159,32 +207,63 @@ class StrategyExchange(ParameterSync):
         scope = scope or self.scope
         current = values if values is not None else read_vars(scope, self.names)
         self.steps += 1
-        if self.strategy == "geo" and self.steps < self.k_steps:
-            return
-        self._exchange(scope, current)
+        if self.strategy == "async":
+            self._push_pull(scope, current)
+        elif self.steps >= self.k_steps:
+            self._round(scope, current)
 
-    def _exchange(self, scope, current: dict) -> None:
+    def _push_pull(self, scope, current: dict) -> None:
         last = self.exchange.get()
-        scale = 1.0 if self.strategy == "async" else 1.0 / self.role.worker_num()
-        self.exchange.push({n: scale * (last[n] - current[n]) for n in self.names},
-                           wait=self.strategy != "async" or self.wait_push)
-        if self.strategy == "sync":
-            self.role.barrier_worker()
-        write_vars(scope, self.exchange.pull())
+        with self.timed("push"):
+            self.exchange.push({n: last[n] - current[n] for n in self.names},
+                               wait=self.wait_push)
+        with self.timed("pull"):
+            write_vars(scope, self.exchange.pull())
         self.steps = 0
+        self.rounds += 1
+
+    def _round(self, scope, current: dict) -> None:
+        """Every worker's change since the last round, summed in a fixed order; theta moves
+        by their mean, on the servers (written before anyone goes on) and in every worker."""
+        last = self.exchange.get()
+        changes = [(last[n] - current[n]).ravel() for n in self.names]
+        total = np.zeros(sum(c.size for c in changes), np.float64)
+        with self.timed("all-reduce"):
+            self.role.all_reduce_worker(np.concatenate(changes).astype(np.float64), total,
+                                        "sum")
+        mean = (total / self.role.worker_num()).astype(np.float32)
+        merged, at = {}, 0
+        for n in self.names:
+            size = last[n].size
+            merged[n] = last[n] - mean[at:at + size].reshape(last[n].shape)
+            at += size
+        # The first worker's write returns once every server holds the round, and it joins
+        # the next round only then; whoever reads the servers (finish, refresh) meets the
+        # workers at a barrier first.  So no round is ever missing from what is read.
+        if self.role.is_first_worker():
+            with self.timed("write"):
+                self.exchange.write(merged)
+        else:
+            write_vars(self.exchange.scope, merged)
+        write_vars(scope, merged)
+        self.steps = 0
+        self.rounds += 1
 
     def finish(self, scope) -> None:
         """Send what is still local, wait for every worker, take the final parameters."""
         if self.exchange.runtime is None:
             return
-        if self.strategy == "geo" and self.steps:
-            self._exchange(scope, read_vars(scope, self.names))
-        self.exchange.flush()
+        if self.strategy == "async":
+            self.exchange.flush()
+        elif self.strategy == "geo":  # every worker joins the last round, steps or none
+            self._round(scope, read_vars(scope, self.names))
         self.role.barrier_worker()
         write_vars(scope, self.exchange.pull())
 
     def refresh(self, scope) -> None:
-        if self.exchange.runtime is not None:
+        """Take the servers' parameters mid-training (async; sync and geo hold the last
+        round's already, and geo's steps since then stay local)."""
+        if self.exchange.runtime is not None and self.strategy == "async":
             self.exchange.flush()
             write_vars(scope, self.exchange.pull())
 

@@ -12,7 +12,8 @@ each playing its role) and watches them.  In a server or worker process the role
   embedding lookups go to the servers' sparse tables);
 * ``parameter_sync(shapes)``: the same exchange for a workload's own updates (Reptile's
   meta step);
-* ``embedding``: a ``sparse_embedding`` table on the servers;
+* ``embedding``: a table on the servers: moved by the exchange (``exe.run``), or one of
+  fleet's sparse tables (``train_from_dataset``);
 * ``run_server``: the one server loop; every workload's servers run it.
 """
 
@@ -119,12 +120,18 @@ class PserverRole(Role):
         c = self.cluster
         return self._register(StrategyExchange(
             self, shapes, strategy or c["strategy"], k_steps or c.get("k_steps", 1),
-            c.get("wait_push", True) if wait_push is None else wait_push))
+            c.get("wait_push", False) if wait_push is None else wait_push))
 
-    def embedding(self, ids, size, param_attr):
+    def embedding(self, ids, size, param_attr, feeding: str = "executor"):
+        """A table on the servers.  Fed by ``exe.run`` (``feeding="executor"``): a dense
+        table that the strategy exchange moves with the other parameters (ids of any shape,
+        as locally).  Fed by ``train_from_dataset`` (``"dataset"``): one of fleet's sparse
+        tables, rows made as ids are first seen and moved per batch."""
         import paddle
 
-        return paddle.static.nn.sparse_embedding(ids, size=size, param_attr=param_attr)
+        if feeding == "dataset":
+            return paddle.static.nn.sparse_embedding(ids, size=size, param_attr=param_attr)
+        return super().embedding(ids, size, param_attr, feeding)
 
     def run_server(self, reporter) -> None:
         """The one server loop: serve the tables the compile stage defined until stopped."""

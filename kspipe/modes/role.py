@@ -130,8 +130,9 @@ class Role:
         """An exchange of the parameters ``shapes`` names (here: nothing to exchange)."""
         return self._register(ParameterSync())
 
-    def embedding(self, ids, size, param_attr):
-        """An embedding table of ``size`` rows x width, looked up with ``ids``."""
+    def embedding(self, ids, size, param_attr, feeding: str = "executor"):
+        """An embedding table of ``size`` = [rows, width], looked up with ``ids`` (int64, any
+        shape); ``feeding`` as for :meth:`distributed_optimizer`."""
         import paddle
 
         return paddle.static.nn.embedding(ids, size=size, is_sparse=True, param_attr=param_attr)

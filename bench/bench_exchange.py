@@ -1,0 +1,105 @@
+"""The parameter servers' exchange: what one step costs, and a generic workload's speed.
+
+    python bench/bench_exchange.py [--params 420,112451] [--steps 200] [--skip-workload]
+
+1. One exchange step of each strategy on a loopback cluster (1 server, 2 workers), for
+   parameter sets of the given sizes: the parts of a step (the async push and pull, the sync
+   round's all-reduce, write and barrier) and the whole step, in ms (mean over the steps,
+   worker 0's view).  The job is bench/exchange_steps.py, started by kspipe's launcher.
+2. The example classifier plugin (plugins/kspipe-classifier, installed into a temporary
+   folder as a user would) trained with ``kspipe +experiment=blobs`` at batch 64: local,
+   then ``mode=pserver workers=2`` with each strategy; samples/s (all workers' samples over
+   the slowest worker's training time) and test accuracy, and the ratio to local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS_JOB = Path(__file__).with_name("exchange_steps.py")
+
+
+def exchange_steps(folder: Path, params: int, steps: int) -> dict:
+    from kspipe.modes.launch import Cluster, launch_plan
+
+    out = {}
+    for strategy in ("async", "sync", "geo"):
+        run = folder / f"{strategy}-{params}"
+        run.mkdir(parents=True)
+        cluster = Cluster(str(run), echo_first_worker=False)
+        plan = launch_plan("pserver", 2, 1, meeting_dir=str(run / "gloo"), threads=1)
+        try:
+            for p in plan:
+                cluster.start(p.role, p.index, p.env, [sys.executable, str(STEPS_JOB), strategy,
+                                                       str(params), str(steps), str(run)])
+            cluster.wait(timeout_s=600)
+        finally:
+            cluster.stop()
+        out[strategy] = json.loads((run / "worker0.json").read_text())
+    return out
+
+
+def classifier_runs(folder: Path) -> dict:
+    site = folder / "site"
+    source = folder / "src"
+    shutil.copytree(ROOT / "plugins" / "kspipe-classifier", source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(site), str(source)], check=True)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
+    jobs = {"local": ["mode=local"]}
+    for strategy in ("sync", "async", "geo"):
+        jobs[f"pserver {strategy}"] = ["mode=pserver", "workers=2", "servers=1",
+                                      f"cluster.strategy={strategy}"]
+    out = {}
+    for name, overrides in jobs.items():
+        run = folder / name.replace(" ", "-")
+        result = subprocess.run(
+            [sys.executable, "-m", "kspipe.cli", "+experiment=blobs", *overrides,
+             "classifier.batch_size=64", "classifier.train_points=16384", "classifier.epochs=2",
+             "tracking.enabled=false", f"run_dir={run}"],
+            cwd=folder, env=env, capture_output=True, text=True)
+        if result.returncode:
+            raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
+        out[name] = json.loads((run / "metrics.json").read_text())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default="420,112451",
+                        help="parameter counts to exchange (420: the classifier's; 112,451: "
+                             "Reptile's Omniglot model)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--skip-workload", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        print("one exchange step, 1 server, 2 workers on 127.0.0.1 (ms, worker 0)")
+        for params in (int(p) for p in args.params.split(",")):
+            for strategy, t in exchange_steps(folder, params, args.steps).items():
+                parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in t["parts"].items())
+                print(f"  {params:>7} parameters  {strategy:<5}  step {t['step'] * 1e3:6.2f}"
+                      f"  ({parts})")
+        if args.skip_workload:
+            return
+        print("classifier plugin (+experiment=blobs), batch 64, 16,384 points, 2 epochs")
+        runs = classifier_runs(folder)
+        local = runs["local"]["samples_per_s"]
+        for name, metrics in runs.items():
+            rate = metrics["samples_per_s"]
+            print(f"  {name:<14} {rate:10,.0f} samples/s  {rate / local:5.2f}x local  "
+                  f"test accuracy {metrics['test_accuracy']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

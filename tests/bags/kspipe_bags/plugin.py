@@ -1,0 +1,159 @@
+"""Bag-of-ids regression: the target is the mean of a hidden weight per id, plus noise.
+
+The model looks the ids up in a table made by ``role.embedding``, averages the rows and
+maps them to one output; SGD is made distributed with ``role.distributed_optimizer`` and
+every step is one ``exe.run``.  ``bags.ids`` picks the ids' shape.  The run writes its
+parameters to ``<run_dir>/params.npz`` for the tests to compare.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kspipe import hookimpl
+from kspipe.contracts import Workload
+
+NAME = "bags"
+
+
+@hookimpl
+def kspipe_config_dirs():
+    return ["pkg://kspipe_bags.conf"]
+
+
+@hookimpl
+def kspipe_describe_workload(cfg):
+    return Workload(name=NAME, headline="test_r2", rate="samples_per_s",
+                    summary=("test_r2", "samples_per_s"))
+
+
+@dataclass
+class Bags:
+    train: tuple  # (ids, lengths, targets)
+    test: tuple
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    c = cfg.bags
+    rng = np.random.default_rng(c.seed)
+    hidden = rng.normal(0.0, 1.0, c.vocabulary)
+
+    def points(n):
+        ids = rng.integers(0, c.vocabulary, (n, c.words))
+        if c.ids == "single":
+            lengths = np.ones(n, np.int64)
+        elif c.ids == "sequence":
+            lengths = rng.integers(1, c.words + 1, n)
+        else:
+            lengths = np.full(n, c.words, np.int64)
+        mask = np.arange(c.words)[None, :] < lengths[:, None]
+        y = (hidden[ids] * mask).sum(axis=1) / lengths + rng.normal(0.0, 0.1, n)
+        return ids.astype(np.int64), lengths, y.astype(np.float32).reshape(-1, 1)
+
+    return Bags(points(c.train_points), points(c.test_points))
+
+
+@dataclass
+class Programs:
+    startup: object
+    main: object
+    test: object
+    prediction: object
+    loss: object
+
+
+@hookimpl
+def kspipe_build_program(cfg, dataset, role):
+    import paddle
+
+    c = cfg.bags
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    main.random_seed = startup.random_seed = c.seed + 1
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        table = paddle.ParamAttr(name="table",
+                                 initializer=paddle.nn.initializer.Normal(0.0, 0.1))
+        y = paddle.static.data("y", [None, 1], "float32")
+        if c.ids == "sequence":
+            ids = paddle.static.data("ids", [None, 1], "int64", lod_level=1)
+            rows = role.embedding(ids, [c.vocabulary, c.width], table)
+            pooled = paddle.static.nn.sequence_pool(paddle.reshape(rows, [-1, c.width]),
+                                                    "average")
+        else:
+            width = 1 if c.ids == "single" else c.words
+            ids = paddle.static.data("ids", [None, width], "int64")
+            rows = role.embedding(ids, [c.vocabulary, c.width], table)
+            pooled = paddle.mean(paddle.reshape(rows, [-1, width, c.width]), axis=1)
+        prediction = paddle.static.nn.fc(pooled, 1, weight_attr=paddle.ParamAttr(name="out.w"),
+                                         bias_attr=paddle.ParamAttr(name="out.b"))
+        loss = paddle.mean(paddle.square(prediction - y))
+    test = main.clone(for_test=True)
+    return Programs(startup, main, test, prediction, loss)
+
+
+@hookimpl
+def kspipe_compile_program(cfg, role, programs):
+    import paddle
+
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
+                                                                       programs.startup):
+        optimizer = paddle.optimizer.SGD(learning_rate=float(cfg.bags.learning_rate))
+        role.distributed_optimizer(optimizer).minimize(programs.loss)
+    return programs
+
+
+def feed(cfg, part: tuple, rows) -> dict:
+    import paddle
+
+    ids, lengths, y = part
+    if cfg.bags.ids == "sequence":
+        flat = np.concatenate([ids[i, :lengths[i]] for i in rows]).reshape(-1, 1)
+        tensor = paddle.base.create_lod_tensor(flat, [[int(lengths[i]) for i in rows]],
+                                               paddle.CPUPlace())
+        return {"ids": tensor, "y": y[rows]}
+    if cfg.bags.ids == "single":
+        return {"ids": ids[rows, :1], "y": y[rows]}
+    return {"ids": ids[rows], "y": y[rows]}
+
+
+@hookimpl
+def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    c = cfg.bags
+    workers, index = role.worker_num(), role.worker_index()
+    share = c.batch_size // workers
+    executor.run(programs.startup, scope=scope)
+    role.init_worker(scope)
+    batches = c.train_points // c.batch_size
+    seen, started = 0, time.perf_counter()
+    for epoch in range(c.epochs):
+        order = np.random.default_rng([c.seed, epoch]).permutation(c.train_points)
+        for b in range(batches):
+            rows = order[b * c.batch_size:(b + 1) * c.batch_size][index * share:
+                                                                  (index + 1) * share]
+            executor.run(programs.main, scope=scope, feed=feed(cfg, dataset.train, rows))
+            seen += len(rows)
+            reporter.progress("train", epoch * batches + b + 1, c.epochs * batches, {})
+    seconds = time.perf_counter() - started
+    role.finish_training(scope)
+    metrics = {"samples_per_s": float(sum(role.all_gather(seen / seconds)))}
+    if role.is_first_worker():
+        everything = np.arange(c.test_points)
+        (predicted,) = executor.run(programs.test, scope=scope,
+                                    feed=feed(cfg, dataset.test, everything),
+                                    fetch_list=[programs.prediction])
+        y = dataset.test[2]
+        metrics["test_r2"] = float(1 - np.sum((predicted - y) ** 2) / np.sum((y - y.mean()) ** 2))
+        np.savez(os.path.join(reporter.run_dir, "params.npz"),
+                 **{n: np.array(scope.find_var(n).get_tensor())
+                    for n in ("table", "out.w", "out.b")})
+        reporter.metrics(metrics, step=c.epochs * batches)
+    return metrics
+
+
+@hookimpl
+def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
+    return None

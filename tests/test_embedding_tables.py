@@ -1,0 +1,87 @@
+"""Embedding tables from ``exe.run`` on parameter servers, with a workload written for these
+tests (tests/bags: bag-of-ids regression through ``role.embedding`` and
+``role.distributed_optimizer``), found through its entry point as a user's plugin is.
+
+* ``cluster.strategy=sync`` ends with the parameters one process trains on the whole
+  batches (float rounding apart), for ids of shape [-1, k], [-1, 1] and LoD sequences;
+* two identical sync runs end with identical parameters, bit for bit;
+* async and geo train the same model to the local run's R2 (within 0.02).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BAGS = Path(__file__).with_name("bags")
+SMALL = ["tracking.enabled=false"]
+
+
+@pytest.fixture(scope="module")
+def plugin_env(tmp_path_factory):
+    """The workload as an installed plugin: its package and a dist-info with its entry point."""
+    site = tmp_path_factory.mktemp("site")
+    shutil.copytree(BAGS / "kspipe_bags", site / "kspipe_bags",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "kspipe_bags-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kspipe-bags\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[kspipe]\nbags = kspipe_bags.plugin\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def train(plugin_env, tmp_path_factory):
+    """train(name, *overrides) -> (metrics, parameters) of one run, made once per name."""
+    done = {}
+
+    def run(name, *overrides):
+        if name not in done:
+            folder = tmp_path_factory.mktemp(name)
+            result = subprocess.run(
+                [sys.executable, "-m", "kspipe.cli", "+experiment=bags", *SMALL, *overrides,
+                 f"run_dir={folder / 'run'}"],
+                cwd=folder, env=plugin_env, capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, (name, result.stderr[-3000:])
+            metrics = json.loads((folder / "run" / "metrics.json").read_text())
+            done[name] = metrics, dict(np.load(folder / "run" / "params.npz"))
+        return done[name]
+
+    return run
+
+
+PSERVER = ["mode=pserver", "workers=2", "servers=2"]
+
+
+@pytest.mark.parametrize("ids", ["fixed", "single", "sequence"])
+def test_sync_trains_the_local_model(train, ids):
+    local, local_params = train(f"local-{ids}", f"bags.ids={ids}")
+    cluster, params = train(f"sync-{ids}", f"bags.ids={ids}", *PSERVER, "cluster.strategy=sync")
+    assert local["test_r2"] > 0.5  # it learns: an untrained model scores ~0
+    for name, value in local_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=2e-5, err_msg=name)
+    assert abs(cluster["test_r2"] - local["test_r2"]) < 1e-4
+
+
+def test_sync_repeats_bit_for_bit(train):
+    _, first = train("sync-fixed", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
+    _, again = train("sync-fixed-again", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
+    for name, value in first.items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("strategy, step", [("async", 0.25), ("geo", 0.5)])
+def test_async_and_geo_train_the_model(train, strategy, step):
+    """Async applies each worker's whole step (two workers: twice local's step per batch,
+    hence half the learning rate); geo, their mean every k_steps."""
+    local, _ = train("local-fixed", "bags.ids=fixed")
+    cluster, _ = train(strategy, "bags.ids=fixed", *PSERVER, f"cluster.strategy={strategy}",
+                       "cluster.k_steps=4", f"bags.learning_rate={step}")
+    assert cluster["test_r2"] > local["test_r2"] - 0.02, (cluster, local)
