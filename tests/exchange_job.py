@@ -1,7 +1,7 @@
 """One process of a parameter-server job that checks the strategy exchange's arithmetic
 (run by tests/test_exchange.py through kspipe's launcher, with Paddle's environment set).
 
-    python exchange_job.py <strategy> <k_steps> <rounds> <out folder>
+    python exchange_job.py <strategy> <k_steps> <rounds> <out folder> [<wait_push 0|1>]
 
 Worker w adds w + 1 to every element of ``shared`` and 1 to its own row of ``own`` at each
 step, then steps the exchange; it records what it holds after each step and, after a
@@ -28,10 +28,10 @@ class Quiet:
         pass
 
 
-def main(strategy: str, k_steps: int, rounds: int, out: str) -> None:
+def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = True) -> None:
     import paddle
 
-    role = PserverRole(dict(strategy=strategy, k_steps=k_steps, wait_push=True))
+    role = PserverRole(dict(strategy=strategy, k_steps=k_steps, wait_push=wait_push))
     if role.is_server():
         ParameterExchange(SHAPES)
         role.run_server(Quiet())
@@ -39,7 +39,7 @@ def main(strategy: str, k_steps: int, rounds: int, out: str) -> None:
     w = role.worker_index()
     scope = paddle.static.Scope()
     write_vars(scope, START if w == 0 else {n: v + 100 for n, v in START.items()})
-    sync = StrategyExchange(role, SHAPES, strategy, k_steps, wait_push=True)
+    sync = StrategyExchange(role, SHAPES, strategy, k_steps, wait_push=wait_push)
     sync.connect(scope)
     record = {"connected": as_lists(read_vars(scope, SHAPES)), "held": [], "servers": []}
     for step in range(rounds * k_steps):
@@ -67,4 +67,5 @@ def as_lists(values: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+         len(sys.argv) < 6 or sys.argv[5] == "1")

@@ -111,7 +111,7 @@ def test_the_defaults_are_those_of_the_old_config_yaml():
     assert cfg.datafeed.generated.lines_per_file == 5000
     assert list(cfg.ctr.hidden) == [64, 32] and cfg.ctr.hash_size == 262144
     assert (cfg.cluster.strategy, cfg.cluster.wait_push, cfg.cluster.timeout_s) == (
-        "async", True, None)
+        "async", False, None)
     assert cfg.compile.onednn_conv is True and dict(cfg.compile.build_strategy) == {}
     assert dict(cfg.stages) == {"role": "local", "dataset": "open_ks", "program": "reptile",
                                 "compile": "reptile", "execute": "reptile", "save": "reptile"}

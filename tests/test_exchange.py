@@ -10,8 +10,10 @@ The long learning runs, each mode against a local run over the same tasks, are i
 test_learning.py.
 """
 
+import contextlib
 import json
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +29,7 @@ START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.fl
          "third": np.full(5, 7.0, np.float32)}
 
 
-def exchange_job(tmp_path, strategy, k_steps, rounds, servers):
+def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
     out = tmp_path / "out"
     out.mkdir()
     cluster = Cluster(str(tmp_path), echo_first_worker=False)
@@ -35,7 +37,8 @@ def exchange_job(tmp_path, strategy, k_steps, rounds, servers):
     try:
         for p in plan:
             cluster.start(p.role, p.index, p.env,
-                          [sys.executable, str(JOB), strategy, str(k_steps), str(rounds), str(out)])
+                          [sys.executable, str(JOB), strategy, str(k_steps), str(rounds), str(out),
+                          str(int(wait_push))])
         cluster.wait(timeout_s=120)
     finally:
         cluster.stop()
@@ -74,6 +77,39 @@ def test_strategy_arithmetic(tmp_path, strategy, k_steps, servers):
             else:  # geo between exchanges: the local changes alone
                 assert held["own"][w] == [r * k_steps * scale + into] * 3, (w, step, held)
         assert_holds(record["final"], servers_after(rounds, k_steps, scale), f"worker {w} final")
+
+
+@contextlib.contextmanager
+def overloaded(processes: int = 4, seconds: int = 240):
+    """More busy processes than the machine has cores, each ended within ``seconds``."""
+    busy = [subprocess.Popen(["timeout", str(seconds), sys.executable, "-c", "while True: pass"])
+            for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def test_sync_loses_nothing_on_an_overloaded_machine(tmp_path):
+    """40 sync rounds, two servers, 4 busy processes on the cores: every round exact."""
+    rounds = 40
+    with overloaded():
+        records = exchange_job(tmp_path, "sync", 1, rounds, 2, wait_push=False)
+    for w, record in enumerate(records):
+        assert len(record["servers"]) == rounds
+        for r, servers_view in enumerate(record["servers"], 1):
+            assert_holds(servers_view, servers_after(r, 1, 0.5), f"round {r}")
+        assert_holds(record["final"], servers_after(rounds, 1, 0.5), f"worker {w} final")
+
+
+def test_async_without_waiting_loses_nothing(tmp_path):
+    """Async steps that never wait for their pushes: after finish, the servers hold all."""
+    rounds = 10
+    records = exchange_job(tmp_path, "async", 1, rounds, 2, wait_push=False)
+    for w, record in enumerate(records):
+        assert_holds(record["final"], servers_after(rounds, 1, 1.0), f"worker {w} final")
 
 
 @pytest.fixture(scope="module")
