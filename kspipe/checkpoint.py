@@ -1,7 +1,8 @@
 """Checkpoints: every persistable of a program plus a progress record, written atomically.
 
-``<folder>/checkpoint-<step>/state.pd*``, ``progress.json`` and ``config.yaml`` (the resolved
-config that produced it, so a checkpoint describes itself); a checkpoint is written
+``<folder>/checkpoint-<step>/state.pd*``, ``progress.json``, ``config.yaml`` (the resolved
+config that produced it, so a checkpoint describes itself) and, in a parameter-server job,
+``tables/`` (each server's shard of every table it holds); a checkpoint is written
 under a ``.tmp`` name and renamed, so a process that dies while writing leaves the last
 complete one in place.  ``resume=<run folder>`` (or a checkpoint folder) continues from
 the newest.
@@ -19,13 +20,23 @@ import os
 import pickle
 import shutil
 
+import numpy as np
+
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
 
+TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
 
-def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg) -> str:
+
+def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
+         tables=None) -> str:
     """Write ``program``'s persistables in ``scope``, ``progress`` and the resolved ``cfg``;
-    keep the newest ``keep``."""
+    keep the newest ``keep``.
+
+    ``tables(path)``, if given, writes the tables kept outside ``scope`` (the parameter
+    servers' shards, :meth:`kspipe.modes.role.Role.save_tables`) into ``<checkpoint>/tables``
+    before the checkpoint is complete.
+    """
     import paddle
     from omegaconf import OmegaConf
 
@@ -33,11 +44,12 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg)
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    with paddle.static.scope_guard(scope):
-        paddle.static.save(program, os.path.join(tmp, "state"))
+    write_state(program, scope, os.path.join(tmp, "state"))
     with open(os.path.join(tmp, "progress.json"), "w") as f:
         json.dump(progress, f)
     OmegaConf.save(cfg, os.path.join(tmp, "config.yaml"), resolve=True)
+    if tables is not None:
+        tables(os.path.join(tmp, TABLES))
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     for old in sorted(checkpoints(folder))[:-keep]:
@@ -56,10 +68,43 @@ def load(program, scope, executor, path: str, key: str = "resume") -> dict:
 
     found = latest(user_path(path), key)
     progress = read_progress(found, f"{key}={path}")
-    read_state(program, os.path.join(found, "state"), f"{key}={path}")
+    state = read_state(program, os.path.join(found, "state"), f"{key}={path}",
+                       held_names(program, scope))
     with paddle.static.scope_guard(scope):
-        paddle.static.load(program, os.path.join(found, "state"), executor)
+        paddle.static.set_program_state(program, state)
     return progress
+
+
+def write_state(program, scope, prefix: str) -> None:
+    """What ``paddle.static.save(program, prefix)`` writes (``.pdparams``: the parameters,
+    ``.pdopt``: the other persistables, ``.pdmodel``), of the variables ``scope`` holds as
+    dense tensors: a table the mode keeps elsewhere (a parameter server's sparse table) is
+    left to the role's ``save_tables``."""
+    from paddle.framework.io_utils import is_belong_to_optimizer, is_parameter
+
+    held = held_names(program, scope)
+    for suffix, belongs in ((".pdparams", is_parameter), (".pdopt", is_belong_to_optimizer)):
+        arrays = {var.name: np.array(scope.find_var(var.name).get_tensor())
+                  for var in program.list_vars() if belongs(var) and var.name in held}
+        with open(prefix + suffix, "wb") as f:
+            pickle.dump(arrays, f, protocol=4)
+    with open(prefix + ".pdmodel", "wb") as f:
+        f.write(program.desc.serialize_to_string())
+
+
+def held_names(program, scope) -> set:
+    """The persistables of ``program`` that ``scope`` holds as initialised dense tensors."""
+    held = set()
+    for var in program.list_vars():
+        found = scope.find_var(var.name) if var.persistable else None
+        if found is None:
+            continue
+        try:
+            if found.get_tensor()._is_initialized():
+                held.add(var.name)
+        except (ValueError, RuntimeError):  # another kind of variable (SelectedRows ...)
+            pass
+    return held
 
 
 def read_progress(found: str, label: str) -> dict:
@@ -75,9 +120,10 @@ def read_progress(found: str, label: str) -> dict:
     return progress
 
 
-def read_state(program, prefix: str, label: str) -> dict:
-    """Every persistable of ``program`` as ``paddle.static.save(program, prefix)`` wrote it,
-    checked to fit ``program`` (``paddle.static.load`` reads the same).
+def read_state(program, prefix: str, label: str, names: set | None = None) -> dict:
+    """Every persistable of ``program`` (or those of ``names``) as
+    ``paddle.static.save(program, prefix)`` or :func:`write_state` wrote it, checked to fit
+    ``program``.
 
     ``<prefix>.pdparams`` must hold every parameter of ``program`` in its shape and no
     other; ``<prefix>.pdopt`` every other persistable (the optimiser's moments, the
@@ -86,7 +132,7 @@ def read_state(program, prefix: str, label: str) -> dict:
     """
     from paddle.framework.io_utils import is_belong_to_optimizer, is_parameter
 
-    variables = list(program.list_vars())
+    variables = [var for var in program.list_vars() if names is None or var.name in names]
     state = {}
     for suffix, belongs, others_allowed in ((".pdparams", is_parameter, False),
                                             (".pdopt", is_belong_to_optimizer, True)):

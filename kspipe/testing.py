@@ -7,6 +7,7 @@ make tiny data sets and run a tiny pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -126,3 +127,20 @@ class HookRecorder:
     @hookimpl
     def kspipe_run_error(self, cfg, error):
         self.calls.append(("kspipe_run_error", {"error": error}))
+
+
+@contextlib.contextmanager
+def overloaded(processes: int = 3, seconds: int = 600):
+    """More busy processes than a 2-core machine has cores, while the block runs; each is
+    ended when the block ends, and by itself after ``seconds`` at the latest."""
+    import subprocess
+    import sys
+
+    busy = [subprocess.Popen(["timeout", str(seconds), sys.executable, "-c", "while True: pass"])
+            for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()

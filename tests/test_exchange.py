@@ -10,10 +10,8 @@ The long learning runs, each mode against a local run over the same tasks, are i
 test_learning.py.
 """
 
-import contextlib
 import json
 import pickle
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 
 from kspipe.modes.launch import Cluster, launch_plan
 from kspipe.pipeline import run
-from kspipe.testing import compose_config, plugin_manager, tiny_overrides
+from kspipe.testing import compose_config, overloaded, plugin_manager, tiny_overrides
 
 JOB = Path(__file__).with_name("exchange_job.py")
 START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
@@ -79,23 +77,10 @@ def test_strategy_arithmetic(tmp_path, strategy, k_steps, servers):
         assert_holds(record["final"], servers_after(rounds, k_steps, scale), f"worker {w} final")
 
 
-@contextlib.contextmanager
-def overloaded(processes: int = 4, seconds: int = 240):
-    """More busy processes than the machine has cores, each ended within ``seconds``."""
-    busy = [subprocess.Popen(["timeout", str(seconds), sys.executable, "-c", "while True: pass"])
-            for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
-
-
 def test_sync_loses_nothing_on_an_overloaded_machine(tmp_path):
     """40 sync rounds, two servers, 4 busy processes on the cores: every round exact."""
     rounds = 40
-    with overloaded():
+    with overloaded(processes=4, seconds=240):
         records = exchange_job(tmp_path, "sync", 1, rounds, 2, wait_push=False)
     for w, record in enumerate(records):
         assert len(record["servers"]) == rounds

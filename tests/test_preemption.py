@@ -15,16 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.testing import tiny_overrides
+from kspipe.testing import overloaded, tiny_overrides
 
-#: How close the resumed run's weights come to the uninterrupted one's.  Local and collective
-#: runs repeat exactly.  The parameter servers add sync's pushes in the order they arrive, so
-#: the runs differ by float rounding: 1e-7 at the first checkpoint after the resume (2.3e-5
-#: seen once), which the training then grows (1e-4 after 36 more rounds), so for pserver the
-#: first checkpoint the resumed run writes is the one compared.  A worker resumed without its
-#: own optimiser state is 6e-4 away there.
-TOLERANCE = {"local": {"rtol": 1e-5, "atol": 1e-6}, "collective": {"rtol": 1e-5, "atol": 1e-6},
-             "pserver": {"rtol": 1e-4, "atol": 1e-4}}
+#: How close the resumed run's weights come to the uninterrupted one's at the end: every mode
+#: repeats exactly (sync sums the workers' changes in a fixed order), so only float rounding
+#: of the restored state is allowed.  A pserver worker resumed without its own optimiser
+#: state was 6e-4 away after one round.  The pserver runs go on an overloaded machine.
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 CLUSTER = {"local": [],
            "pserver": ["mode=pserver", "workers=2", "cluster.strategy=sync"],
            "collective": ["mode=collective", "workers=2"]}
@@ -57,6 +54,11 @@ def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_da
               f"train.meta_iters={iterations}", "train.checkpoint_every=4",
               f"train.keep_checkpoints={iterations // 4}", "eval.interval=0",
               "eval.baseline=false", *CLUSTER[mode]]
+    with overloaded(processes=3 if mode == "pserver" else 0):
+        check_sigterm_and_resume(tmp_path, common, iterations, mode)
+
+
+def check_sigterm_and_resume(tmp_path, common, iterations, mode):
     whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}")
     assert whole.wait(timeout=300) == 0, whole.communicate()
 
@@ -90,10 +92,7 @@ def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_da
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     assert "resuming from meta-iteration" in stderr
-    after = min(int(p.name.split("-")[1]) for p in (tmp_path / "resumed" / "checkpoints").glob(
-        "checkpoint-*"))  # the first checkpoint the resumed run wrote
-    compared = after if mode == "pserver" else iterations
-    expected, got = (saved_state(tmp_path / run, compared) for run in ("whole", "resumed"))
+    expected, got = (saved_state(tmp_path / run, iterations) for run in ("whole", "resumed"))
     assert set(got) == set(expected)
     for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, err_msg=name, **TOLERANCE[mode])
+        np.testing.assert_allclose(got[name], value, err_msg=name, **TOLERANCE)

@@ -25,9 +25,8 @@ NEEDS = frozenset({"dataset_training", "sparse_tables"})
 
 @hookimpl
 def kspipe_describe_workload(cfg):
-    needs = NEEDS | ({"resume_tables"} if cfg.get("resume") else set())
     return Workload(name="ctr", headline="test_auc", rate="samples_per_s",
-                    summary=("test_auc", "train_auc", "samples_per_s"), needs=frozenset(needs),
+                    summary=("test_auc", "train_auc", "samples_per_s"), needs=NEEDS,
                     serving="kspipe.ctr.serving:ClickModel")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from kspipe import checkpoint
 from kspipe.errors import ConfigError
+from kspipe.files import user_path
 
 FETCH_LINE = re.compile(r"^time: \[[^\]]*\], batch: \[(\d+)\], (.*)$")
 FETCH_ITEM = re.compile(r"([^\s,\[\]]+)\[\d+\]:\[([^\]]*)\]")
@@ -46,12 +47,15 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s,
                       printer)
     names = list(programs.fetch)
-    checkpoints = role.refuses({"resume_tables"}, cfg) is None
     first_epoch = 0
     if cfg.resume:
+        found = checkpoint.latest(user_path(cfg.resume))
         progress = checkpoint.load(programs.main, scope, executor, cfg.resume)
+        started = time.perf_counter()
+        role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]
-        reporter.say(f"resumed after epoch {first_epoch} from {cfg.resume}")
+        reporter.say(f"resumed after epoch {first_epoch} from {cfg.resume} (tables loaded in "
+                     f"{time.perf_counter() - started:.2f} s)")
     reporter.say(f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
                  f"{dataset.threads} reader thread(s), epochs {first_epoch + 1}-{epochs}")
     role.barrier_worker()  # the clock starts on every worker together
@@ -67,10 +71,7 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         if dataset.kind == "in_memory":
             files.release_memory()
         monitor.report(epoch_done=epoch + 1)
-        if checkpoints:  # not where the mode keeps the tables elsewhere (the servers)
-            checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
-                            epoch + 1, {"epoch": epoch + 1}, cfg.train.keep_checkpoints,
-                            cfg=cfg)
+        save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1)
     seconds = time.perf_counter() - started
     auc = monitor.auc()
     samples = per_epoch * (epochs - first_epoch)
@@ -84,6 +85,20 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
                "train_instances": samples, "train_seconds": seconds}
     metrics.update({f"fetch_{name}": value for name, value in printer.latest.items()})
     return metrics
+
+
+def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int) -> None:
+    """Every worker calls it after an epoch: the first writes the checkpoint, with the
+    tables the mode keeps outside the workers (each server's shard) inside it, while the
+    others wait; nobody pushes the next epoch's updates before it is written."""
+    started = time.perf_counter()
+    role.settle_tables()
+    if role.is_first_worker():
+        path = checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
+                               epoch, {"epoch": epoch}, cfg.train.keep_checkpoints, cfg=cfg,
+                               tables=role.save_tables)
+        reporter.say(f"checkpoint {path} written in {time.perf_counter() - started:.2f} s")
+    role.barrier_worker()
 
 
 def make_dataset(dataset):

@@ -34,6 +34,7 @@ from kspipe.files import WORKDIR_ENV, workdir
 JOB_FILE = "job.yaml"
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 STOP_GRACE_S = 5.0
+CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -147,9 +148,7 @@ class Cluster:
             for p in self.processes:
                 code = p.popen.poll()
                 if code not in (None, 0):
-                    self.stop()
-                    raise ClusterError(f"{p.name} {_describe_exit(code)}; its log: {p.log}"
-                                       f"{_last_line(p.log)}")
+                    raise self._failure(p, code)
             workers = [p for p in self.processes if p.role == "worker"]
             if workers and all(p.popen.poll() == 0 for p in workers):
                 self._finish_servers()
@@ -161,6 +160,26 @@ class Cluster:
                 raise ClusterError(f"the cluster did not finish within cluster.timeout_s="
                                    f"{timeout_s:g} s; logs in {self.log_dir}")
             time.sleep(poll_s)
+
+    def _failure(self, failed: "Process", code: int) -> ClusterError:
+        """Stop the job; the error that names why it failed.
+
+        A process that stops on a one-line error of its own (bad config or data: its log's
+        ``kspipe: error:`` line) takes its peers down with it, and one of them may exit
+        first (its connection to it broke).  So the others get a moment to exit by
+        themselves, and a process that did with such a line is the one named.
+        """
+        deadline = time.monotonic() + CAUSE_GRACE_S
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.processes):
+            time.sleep(0.05)
+        exited = [p for p in self.processes if p.popen.poll() not in (None, 0)]
+        self.stop()
+        for p in exited:
+            message = error_line(p.log)
+            if message:
+                return ClusterError(f"{p.name}: {message} (its log: {p.log})")
+        return ClusterError(f"{failed.name} {_describe_exit(code)}; its log: {failed.log}"
+                            f"{_last_line(failed.log)}")
 
     def _finish_servers(self, grace_s: float = 30.0) -> None:
         """Servers stop when the first worker asks them to; wait, then make sure."""

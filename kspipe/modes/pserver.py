@@ -19,14 +19,16 @@ each playing its role) and watches them.  In a server or worker process the role
 
 from __future__ import annotations
 
+import json
 import os
 
-from kspipe import hookimpl
+from kspipe import checkpoint, hookimpl
 from kspipe.errors import ConfigError
+from kspipe.files import user_path
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import launch_plan, run_cluster
+from kspipe.modes.launch import launch_plan, process_count, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 
 
@@ -105,9 +107,6 @@ class PserverRole(Role):
             return (f"cluster.strategy={strategy}: training with train_from_dataset runs on "
                     f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
                     f"send_barrier and its geo mode sends no dense parameters)")
-        if "resume_tables" in needs:
-            return ("resume: the servers' embedding tables and their optimiser state are "
-                    "not checkpointed; resume in mode=local")
         return None
 
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
@@ -187,8 +186,37 @@ class FleetTables(ParameterSync):
         self.connected = True
 
     def finish(self, scope) -> None:
-        self.role.barrier_worker()  # every push is in: the servers hold the final model
+        self.settle()  # every push is in: the servers hold the final model
         pull_all_dense(self.role.fleet)
+
+    def settle(self) -> None:
+        """This worker's pushes sent (the client holds them back to merge), then everyone's."""
+        self.role.fleet.fleet._runtime_handle._worker.client_flush()
+        self.role.barrier_worker()
+
+    def save(self, folder: str) -> None:
+        """Every server writes its shard of every table into ``folder``; a manifest beside
+        them records the layout, the servers and each file's size, for :meth:`load`."""
+        os.makedirs(folder, exist_ok=True)
+        self.role.fleet.fleet._runtime_handle._worker.save_all_model(folder, 0)
+        write_manifest(folder, self.layout(), len(self.role.get_pserver_endpoints()))
+
+    def load(self, folder: str, scope) -> None:
+        """The tables saved in ``folder`` become the servers' (checked first); every worker
+        then takes their dense part."""
+        self.role.barrier_worker()
+        if self.role.is_first_worker():
+            check_manifest(folder, len(self.role.get_pserver_endpoints()), self.layout())
+            self.role.fleet.fleet._runtime_handle._worker.load_model(folder, 0)
+        self.role.barrier_worker()
+        pull_all_dense(self.role.fleet)
+
+    def layout(self) -> list:
+        """The job's tables as the servers hold them: id, class, name and widths."""
+        desc = self.role.fleet.fleet._runtime_handle.ps_desc_builder.ps_desc
+        tables = desc.server_param.downpour_server_param.downpour_table_param
+        return sorted({(t.table_id, t.table_class, t.common.table_name, t.accessor.fea_dim,
+                        t.accessor.embedx_dim, tuple(t.common.dims)) for t in tables})
 
     def close(self, clean: bool = True) -> None:
         if not self.connected:
@@ -199,6 +227,50 @@ class FleetTables(ParameterSync):
             self.role.fleet.fleet._runtime_handle._worker.stop_server()
         self.role.fleet.stop_worker()
         self.connected = False
+
+
+MANIFEST = "manifest.json"
+
+
+def write_manifest(folder: str, layout: list, servers: int) -> None:
+    """``folder/manifest.json``: the tables' layout, the servers and every file's size."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, folder)] = os.path.getsize(path)
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump({"servers": servers, "layout": [list(t) for t in layout], "files": files}, f)
+
+
+def check_manifest(folder: str, servers: int, layout: list | None = None) -> None:
+    """One line, naming the file, for tables this job cannot load from ``folder`` (of
+    another number of servers, a shard missing or damaged, and, given the job's ``layout``,
+    of another model)."""
+    file = os.path.join(folder, MANIFEST)
+    try:
+        with open(file) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the servers' tables' manifest {file} "
+                          f"({type(err).__name__}): was the checkpoint written by a "
+                          f"mode=pserver job?") from err
+    if saved.get("servers") != servers:
+        raise ConfigError(f"{file}: the tables were saved by {saved.get('servers')} server(s), "
+                          f"this job has {servers}: run it with servers="
+                          f"{saved.get('servers')}")
+    if layout is not None and [tuple(t[:5]) + (tuple(t[5]),)
+                               for t in saved.get("layout", [])] != list(layout):
+        raise ConfigError(f"{file}: the tables were saved by another model (another table "
+                          f"layout: {saved.get('layout')} there, {[list(t) for t in layout]} "
+                          f"here)")
+    for name, size in sorted(saved.get("files", {}).items()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: a server's table shard is missing")
+        if os.path.getsize(path) != size:
+            raise ConfigError(f"{path}: a server's table shard is damaged ({os.path.getsize(path)} "
+                              f"bytes, {size} were written)")
 
 
 class PserverLauncher(Role):
@@ -222,6 +294,10 @@ class PserverLauncher(Role):
 
     def launch(self, reporter) -> dict:
         cfg = self.cfg
+        if cfg.get("resume"):  # the servers' tables it would load: checked before any starts
+            saved = os.path.join(checkpoint.latest(user_path(cfg.resume)), checkpoint.TABLES)
+            if os.path.isdir(saved):
+                check_manifest(saved, process_count(cfg.servers, "servers"))
         plan = launch_plan("pserver", cfg.workers, cfg.servers, cfg.cluster.host,
                            meeting_dir=os.path.join(reporter.run_dir, "gloo"),
                            threads=cfg.cluster.threads,

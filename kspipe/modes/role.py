@@ -33,7 +33,6 @@ from kspipe.errors import ConfigError
 NEEDS = {
     "dataset_training": "trains with Executor.train_from_dataset (C++ reader threads)",
     "sparse_tables": "keeps embedding tables with sparse updates",
-    "resume_tables": "resumes with its embedding tables from a checkpoint",
 }
 
 
@@ -154,6 +153,28 @@ class Role:
         for sync in self._syncs:
             sync.refresh(_scope(scope))
 
+    # --- tables kept outside the workers (the parameter servers') --------------------
+
+    def settle_tables(self) -> None:
+        """Every worker calls it: return once every worker's updates are in the job's tables
+        (then the first worker may save them with :meth:`save_tables`)."""
+        for sync in self._syncs:
+            sync.settle()
+
+    def save_tables(self, folder: str) -> None:
+        """The first worker, after :meth:`settle_tables`: write the tables kept outside the
+        workers' scopes into ``folder`` (each server its own shard).  Here: none are."""
+        for sync in self._syncs:
+            sync.save(folder)
+
+    def load_tables(self, folder: str, scope=None) -> None:
+        """Every worker calls it, after :meth:`init_worker`: the tables that
+        :meth:`save_tables` wrote into ``folder`` become the job's; ``scope`` then holds
+        their dense part.  Raises :class:`ConfigError` for shards that are missing, damaged
+        or of another layout or number of servers, before any is loaded."""
+        for sync in self._syncs:
+            sync.load(folder, _scope(scope))
+
     def stop_worker(self, clean: bool = True) -> None:
         """Leave the job (the pipeline calls it at the end of every worker's run).
 
@@ -191,6 +212,15 @@ class ParameterSync:
         pass
 
     def refresh(self, scope) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def save(self, folder: str) -> None:
+        pass
+
+    def load(self, folder: str, scope) -> None:
         pass
 
     def close(self, clean: bool = True) -> None:
