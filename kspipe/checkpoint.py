@@ -57,7 +57,7 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
     return final
 
 
-def load(program, scope, executor, path: str, key: str = "resume") -> dict:
+def load(program, scope, path: str, key: str = "resume") -> dict:
     """Load the checkpoint ``path`` (or the newest in a folder or run); return its progress.
     ``key`` is the setting that named ``path``, for the messages.
 

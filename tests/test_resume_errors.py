@@ -53,8 +53,8 @@ def load_into(filters: int, path):
     import paddle
 
     scope = paddle.static.Scope()
-    _, programs, executor = programs_and_state(filters, scope)
-    return checkpoint.load(programs.train, scope, executor, str(path))
+    _, programs, _ = programs_and_state(filters, scope)
+    return checkpoint.load(programs.train, scope, str(path))
 
 
 def test_the_same_model_loads(saved):

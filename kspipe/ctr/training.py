@@ -50,7 +50,7 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     first_epoch = 0
     if cfg.resume:
         found = checkpoint.latest(user_path(cfg.resume))
-        progress = checkpoint.load(programs.main, scope, executor, cfg.resume)
+        progress = checkpoint.load(programs.main, scope, cfg.resume)
         started = time.perf_counter()
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]

@@ -83,6 +83,7 @@ class ParameterExchange:
         self.fleet = fleet
         self.scope = paddle.static.Scope()
         self.runtime = None
+        self.tables: dict = {}
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
             terms = []
@@ -108,11 +109,15 @@ class ParameterExchange:
 
         self.exe.run(self.startup, scope=self.scope)
         write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
         runtime = self.fleet.fleet._runtime_handle
         runtime.ps_desc_builder.ps_desc.init_gflags = CLIENT_FLAGS
         with paddle.static.scope_guard(self.scope):
             self.fleet.init_worker(scopes=[self.scope])
         self.runtime = runtime
+        # {table id: its variables in the table's order}, for every write and pull
+        self.tables = get_the_one_recv_context(runtime.context, split_dense_table=False)
         return self.get()
 
     def push(self, grads: dict, wait: bool = False) -> None:
@@ -126,7 +131,7 @@ class ParameterExchange:
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
         write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
-        for table_id, names in self._tables().items():
+        for table_id, names in self.tables.items():
             self.runtime._worker.push_dense_params(self.scope, table_id, names)
 
     def flush(self) -> None:
@@ -135,19 +140,13 @@ class ParameterExchange:
 
     def pull(self) -> dict:
         """The servers' parameters."""
-        for table_id, names in self._tables().items():
+        for table_id, names in self.tables.items():
             self.runtime._worker.pull_dense_params(self.scope, table_id, names)
         return self.get()
 
     def get(self) -> dict:
         """The parameters as last pulled (or pushed from)."""
         return read_vars(self.scope, self.names)
-
-    def _tables(self) -> dict:
-        """``{table id: its variables in the table's order}`` for the meta program's tables."""
-        from paddle.distributed.ps.utils.public import get_the_one_recv_context
-
-        return get_the_one_recv_context(self.runtime.context, split_dense_table=False)
 
     def close(self, first: bool) -> None:
         """Leave the servers; the first worker (after the others) stops them."""
@@ -184,7 +183,6 @@ class StrategyExchange(ParameterSync):
             self.k_steps = 1
         self.scope = None
         self.steps = 0  # updates since the last exchange
-        self.rounds = 0  # exchanges so far
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -220,7 +218,6 @@ class StrategyExchange(ParameterSync):
         with self.timed("pull"):
             write_vars(scope, self.exchange.pull())
         self.steps = 0
-        self.rounds += 1
 
     def _round(self, scope, current: dict) -> None:
         """Every worker's change since the last round, summed in a fixed order; theta moves
@@ -247,7 +244,6 @@ class StrategyExchange(ParameterSync):
             write_vars(self.exchange.scope, merged)
         write_vars(scope, merged)
         self.steps = 0
-        self.rounds += 1
 
     def finish(self, scope) -> None:
         """Send what is still local, wait for every worker, take the final parameters."""

@@ -431,14 +431,14 @@ class ReptileLearner:
 
         A worker other than the first then loads its own state saved beside it, if any.
         """
-        progress = checkpoint.load(self.p.train, self.scope, self.exe, path, key)
+        progress = checkpoint.load(self.p.train, self.scope, path, key)
         index = self.role.worker_index() if self.role is not None else 0
         if index:
             found = checkpoint.latest(user_path(path), key)
             own = os.path.join(os.path.dirname(found), f"worker-{index}",
                                os.path.basename(found))
             if os.path.isdir(own):
-                progress = checkpoint.load(self.p.train, self.scope, self.exe, own)
+                progress = checkpoint.load(self.p.train, self.scope, own)
             else:
                 self.reporter.say(f"worker {index}: no state of its own beside {found}; it "
                                   f"starts from the first worker's optimiser state")
