@@ -17,6 +17,7 @@ import os
 import time
 
 from kspipe import config as kconfig
+from kspipe import incremental
 from kspipe.errors import ConfigError
 from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
                                    stage_caller)
@@ -32,6 +33,7 @@ def run(cfg, pm=None) -> dict:
     kconfig.validate(cfg)
     check_mode(pm, cfg.mode)
     pm.hook.kspipe_check_config(cfg=cfg)
+    incremental.check_source(cfg)  # before any process starts
     stages = Stages(pm, cfg)
     workload = describe_workload(pm, cfg)
 

@@ -25,6 +25,8 @@ class CoreConfig:
     seed: int = 0            # seeds data splits, task sampling and weights
     resume: Optional[str] = None   # a run folder or checkpoint folder to continue from
     evaluate: Optional[str] = None  # a run folder or checkpoint: evaluate it, no training
+    init_from: Optional[str] = None  # a run folder or checkpoint: a new run starts from its
+    #                                  model (parameters only), in any mode
     run_dir: Optional[str] = None  # where the run writes files; default: Hydra's output folder
     isolate: Optional[bool] = None  # mode=local: run the job in a child process;
     #                                 null: only in a sweep (-m)

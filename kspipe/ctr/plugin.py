@@ -18,6 +18,7 @@ from kspipe.ctr.evaluation import evaluate, pull_tables
 from kspipe.ctr.model import build, fetch_vars
 from kspipe.ctr.training import train
 from kspipe.errors import check_integer, check_number
+from kspipe.incremental import start_from
 
 #: What the ctr workload needs of its mode.
 NEEDS = frozenset({"dataset_training", "sparse_tables"})
@@ -34,7 +35,7 @@ def kspipe_describe_workload(cfg):
 def kspipe_check_config(cfg):
     if cfg.stages.program != "ctr":
         return
-    check_keys(cfg, {"ctr.embedding_dim": 1, "ctr.hash_size": 1, "ctr.epochs": 1,
+    check_keys(cfg, {"ctr.embedding_dim": 1, "ctr.hash_size": 1, "ctr.epochs": 0,
                      "datafeed.print_period": 1, "train.keep_checkpoints": 1})
     for i, size in enumerate(cfg.ctr.hidden):
         check_integer(size, f"ctr.hidden[{i}]", 1)
@@ -68,7 +69,9 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
 
     with paddle.static.scope_guard(scope):
         executor.run(programs.startup)
+    start = start_from(cfg, programs.main, scope, reporter.run_dir, reporter)
     role.init_worker(scope)
+    start.load_tables(role)
     metrics = train(cfg, role, dataset, programs, executor, scope, reporter)
     role.finish_training(scope)
     if role.is_first_worker():

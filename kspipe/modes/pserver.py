@@ -187,19 +187,21 @@ class FleetTables(ParameterSync):
 
     def finish(self, scope) -> None:
         self.settle()  # every push is in: the servers hold the final model
-        pull_all_dense(self.role.fleet)
 
     def settle(self) -> None:
-        """This worker's pushes sent (the client holds them back to merge), then everyone's."""
+        """This worker's pushes sent (the client holds them back to merge), then everyone's;
+        the scope then holds the servers' dense parameters (what a checkpoint writes)."""
         self.role.fleet.fleet._runtime_handle._worker.client_flush()
         self.role.barrier_worker()
+        pull_all_dense(self.role.fleet)
 
     def save(self, folder: str) -> None:
         """Every server writes its shard of every table into ``folder``; a manifest beside
         them records the layout, the servers and each file's size, for :meth:`load`."""
         os.makedirs(folder, exist_ok=True)
         self.role.fleet.fleet._runtime_handle._worker.save_all_model(folder, 0)
-        write_manifest(folder, self.layout(), len(self.role.get_pserver_endpoints()))
+        write_manifest(folder, self.layout(), len(self.role.get_pserver_endpoints()),
+                       self.rules())
 
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
@@ -211,12 +213,36 @@ class FleetTables(ParameterSync):
         self.role.barrier_worker()
         pull_all_dense(self.role.fleet)
 
+    def load_rows(self, rows: dict, folder: str) -> None:
+        """Every worker calls it, after :meth:`connect`: the servers' sparse tables get
+        ``rows`` (``{table name: (ids, embedding rows)}``), each row with fresh optimiser
+        state; the shards are written into ``folder`` first, split as this job's servers
+        hold them."""
+        self.role.barrier_worker()
+        if self.role.is_first_worker():
+            ids = write_table_rows(folder, rows, self.layout(), self.rules(),
+                                   len(self.role.get_pserver_endpoints()))
+            for table_id in ids:
+                self.role.fleet.fleet._runtime_handle._worker.load_one_table(table_id, folder, 0)
+        self.role.barrier_worker()
+
     def layout(self) -> list:
         """The job's tables as the servers hold them: id, class, name and widths."""
-        desc = self.role.fleet.fleet._runtime_handle.ps_desc_builder.ps_desc
-        tables = desc.server_param.downpour_server_param.downpour_table_param
         return sorted({(t.table_id, t.table_class, t.common.table_name, t.accessor.fea_dim,
-                        t.accessor.embedx_dim, tuple(t.common.dims)) for t in tables})
+                        t.accessor.embedx_dim, tuple(t.common.dims)) for t in self._tables()})
+
+    def rules(self) -> dict:
+        """Each sparse table's optimiser rules on the servers, as a row's state needs them:
+        ``{name: [embed rule, embedx rule, beta1, beta2]}``."""
+        return {t.common.table_name: [t.accessor.embed_sgd_param.name,
+                                      t.accessor.embedx_sgd_param.name,
+                                      t.accessor.embedx_sgd_param.adam.beta1_decay_rate,
+                                      t.accessor.embedx_sgd_param.adam.beta2_decay_rate]
+                for t in self._tables() if t.table_class == SPARSE_TABLE}
+
+    def _tables(self):
+        desc = self.role.fleet.fleet._runtime_handle.ps_desc_builder.ps_desc
+        return desc.server_param.downpour_server_param.downpour_table_param
 
     def close(self, clean: bool = True) -> None:
         if not self.connected:
@@ -230,17 +256,105 @@ class FleetTables(ParameterSync):
 
 
 MANIFEST = "manifest.json"
+SPARSE_TABLE = "MemorySparseTable"
 
 
-def write_manifest(folder: str, layout: list, servers: int) -> None:
-    """``folder/manifest.json``: the tables' layout, the servers and every file's size."""
+def write_manifest(folder: str, layout: list, servers: int, rules: dict) -> None:
+    """``folder/manifest.json``: the tables' layout and rules, the servers and every file's
+    size."""
     files = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(root, name)
             files[os.path.relpath(path, folder)] = os.path.getsize(path)
     with open(os.path.join(folder, MANIFEST), "w") as f:
-        json.dump({"servers": servers, "layout": [list(t) for t in layout], "files": files}, f)
+        json.dump({"servers": servers, "layout": [list(t) for t in layout], "rules": rules,
+                   "files": files}, f)
+
+
+# --- a sparse table's rows in the servers' own files ---------------------------------
+#
+# A server writes each row of a sparse table (Paddle's CtrCommonAccessor) as one text line:
+# the id, then slot, unseen days, delta score, show, click, embed_w, the embed rule's state,
+# the embedx_w values and the embedx rule's state.  The embedding row a lookup returns is
+# embed_w followed by embedx_w.  Row k lives on server k % servers.
+
+HEADER = 5  # slot, unseen days, delta score, show, click
+
+
+def rule_state(rule: str, width: int, beta1: float, beta2: float) -> list:
+    """A fresh row's optimiser state under the server rule ``rule`` for ``width`` weights."""
+    fresh = {"SparseNaiveSGDRule": [], "SparseAdaGradSGDRule": [0.0],
+             "StdAdaGradSGDRule": [0.0] * width,
+             "SparseAdamSGDRule": [0.0] * (2 * width) + [beta1, beta2],
+             "SparseSharedAdamSGDRule": [0.0, 0.0, beta1, beta2]}
+    if rule not in fresh:
+        raise ConfigError(f"the servers' sparse rule {rule} is not one kspipe can write "
+                          f"rows for ({', '.join(fresh)})")
+    return fresh[rule]
+
+
+def read_table_rows(folder: str) -> dict:
+    """``{table name: (ids, embedding rows)}`` of every sparse table saved in ``folder``
+    (checked against its manifest first)."""
+    import gzip
+
+    import numpy as np
+
+    with open(os.path.join(folder, MANIFEST)) as f:
+        saved = json.load(f)
+    check_manifest(folder, saved.get("servers"))
+    if "rules" not in saved:
+        raise ConfigError(f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "
+                          f"the tables' rules: these tables can only be resumed")
+    tables = {}
+    for table_id, _, name, _, embedx, _ in (t for t in saved["layout"] if t[1] == SPARSE_TABLE):
+        embed_rule, embedx_rule, beta1, beta2 = saved["rules"][name]
+        embedx_at = HEADER + 1 + len(rule_state(embed_rule, 1, beta1, beta2))
+        ids, rows = [], []
+        shards = os.path.join(folder, f"{table_id:03d}")
+        for file in sorted(os.listdir(shards)):
+            with gzip.open(os.path.join(shards, file), "rt") as lines:
+                for line in lines:
+                    values = line.split()
+                    ids.append(int(values[0]))
+                    rows.append([values[1 + HEADER]] + values[1 + embedx_at:
+                                                               1 + embedx_at + embedx])
+        tables[name] = (np.array(ids, np.int64),
+                        np.array(rows, np.float32).reshape(len(ids), embedx + 1))
+    return tables
+
+
+def write_table_rows(folder: str, tables: dict, layout: list, rules: dict,
+                     servers: int) -> list:
+    """Write ``tables`` (``{name: (ids, rows)}``) as the servers' files of the job's
+    ``layout``, split over ``servers``; return the table ids written."""
+    import gzip
+
+    import numpy as np
+
+    written = []
+    for table_id, _, name, _, embedx, _ in (t for t in layout if t[1] == SPARSE_TABLE):
+        if name not in tables:
+            continue
+        ids, rows = tables[name]
+        embed_rule, embedx_rule, beta1, beta2 = rules[name]
+        if rows.shape[1] != embedx + 1:
+            raise ConfigError(f"table {name}: rows of width {rows.shape[1]} given, the "
+                              f"servers hold {embedx + 1}")
+        embed_state = [repr(v) for v in rule_state(embed_rule, 1, beta1, beta2)]
+        embedx_state = [repr(v) for v in rule_state(embedx_rule, embedx, beta1, beta2)]
+        shards = os.path.join(folder, f"{table_id:03d}")
+        os.makedirs(shards, exist_ok=True)
+        for server in range(servers):
+            with gzip.open(os.path.join(shards, f"part-{server:03d}-{server:05d}.gz"), "wt",
+                           compresslevel=1) as f:
+                for i in np.flatnonzero(ids % servers == server):
+                    weights = [repr(float(v)) for v in rows[i]]
+                    f.write(" ".join([str(int(ids[i])), "0", "0", "0", "0", "0", weights[0],
+                                      *embed_state, *weights[1:], *embedx_state]) + "\n")
+        written.append(table_id)
+    return written
 
 
 def check_manifest(folder: str, servers: int, layout: list | None = None) -> None:
@@ -257,8 +371,9 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
                           f"mode=pserver job?") from err
     if saved.get("servers") != servers:
         raise ConfigError(f"{file}: the tables were saved by {saved.get('servers')} server(s), "
-                          f"this job has {servers}: run it with servers="
-                          f"{saved.get('servers')}")
+                          f"this job has {servers}: resume it with servers="
+                          f"{saved.get('servers')}, or start a new run from it with "
+                          f"init_from= (any number of servers)")
     if layout is not None and [tuple(t[:5]) + (tuple(t[5]),)
                                for t in saved.get("layout", [])] != list(layout):
         raise ConfigError(f"{file}: the tables were saved by another model (another table "

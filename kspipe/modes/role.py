@@ -175,6 +175,19 @@ class Role:
         for sync in self._syncs:
             sync.load(folder, _scope(scope))
 
+    def load_table_rows(self, rows: dict, folder: str) -> None:
+        """Every worker calls it, after :meth:`init_worker`: the tables kept outside the
+        workers' scopes get ``rows`` (``{table name: (ids, embedding rows)}``) with fresh
+        optimiser state; ``folder`` (in the run folder) takes the files this needs."""
+        if not rows:
+            return
+        takers = [sync for sync in self._syncs if hasattr(sync, "load_rows")]
+        if not takers:
+            raise ConfigError(f"mode={self.mode} keeps no tables outside the workers "
+                              f"({', '.join(sorted(rows))} given)")
+        for sync in takers:
+            sync.load_rows(rows, folder)
+
     def stop_worker(self, clean: bool = True) -> None:
         """Leave the job (the pipeline calls it at the end of every worker's run).
 

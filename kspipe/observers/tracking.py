@@ -273,8 +273,8 @@ class MlflowTracker:
                 **workload_tags(self.describe(cfg))}
         if os.environ.get(PARENT_RUN_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
-        if cfg.get("evaluate"):
-            source = source_run_id(self.client, cfg.evaluate)
+        if cfg.get("evaluate") or cfg.get("init_from"):
+            source = source_run_id(self.client, cfg.get("evaluate") or cfg.init_from)
             if source:
                 tags["kspipe.source_run"] = source
         run = self.client.create_run(experiment_id(self.client, cfg.tracking.experiment),

@@ -17,6 +17,7 @@ import numpy as np
 from kspipe import checkpoint, stopping
 from kspipe.errors import ClusterError
 from kspipe.files import user_path
+from kspipe.incremental import start_from
 from kspipe.fewshot.data import Prefetcher, sample_task
 from kspipe.reptile.batched import tasks_together, thread_count, train_lanes
 from kspipe.reptile.programs import ACC, inner_batches, meta_step_size, tail_split
@@ -512,7 +513,9 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     if cfg.resume:
         start_iter = learner.load_checkpoint(cfg.resume)
         reporter.say(f"resuming from meta-iteration {start_iter} ({cfg.resume})")
+    start = start_from(cfg, learner.p.train, learner.scope, reporter.run_dir, reporter)
     role.init_worker(learner.scope)
+    start.load_tables(role)
     learner.run(learner.p.save_theta)
 
     with stopping.deferred(enabled=workers == 1):
