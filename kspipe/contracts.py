@@ -98,6 +98,8 @@ class Workload:
     :param serving: ``module:Class`` of the predictor that serves its exported model as an
         MLflow model (:mod:`kspipe.observers.serving` says what it must offer); empty: the
         run logs its ``inference_model/`` folder but no MLflow model.
+    :param starts_from: whether it honours ``init_from=`` (its execute stage calls
+        :func:`kspipe.incremental.start_from`); if not, a run given one is refused.
     """
 
     name: str
@@ -106,6 +108,7 @@ class Workload:
     summary: tuple = ()
     needs: frozenset = field(default_factory=frozenset)
     serving: str = ""
+    starts_from: bool = False
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)

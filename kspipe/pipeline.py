@@ -36,6 +36,10 @@ def run(cfg, pm=None) -> dict:
     incremental.check_source(cfg)  # before any process starts
     stages = Stages(pm, cfg)
     workload = describe_workload(pm, cfg)
+    if cfg.get("init_from") and not workload.starts_from:
+        raise ConfigError(f"init_from={cfg.init_from}: the {workload.name} workload does not "
+                          f"start from a saved model (its execute stage would have to call "
+                          f"kspipe.incremental.start_from)")
 
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
     role = stages.call("role", cfg=cfg)

@@ -122,7 +122,8 @@ def test_the_defaults_are_those_of_the_old_config_yaml():
 
 def test_the_groups_are_in_the_order_config_yaml_had():
     assert list(compose_config([])) == [
-        "mode", "workers", "servers", "devices", "seed", "resume", "evaluate", "run_dir", "isolate",
+        "mode", "workers", "servers", "devices", "seed", "resume", "evaluate", "init_from", "run_dir",
+        "isolate",
         "dataset", "task", "model", "train", "eval", "datafeed", "ctr", "cluster", "compile",
         "stages", "tracking"]
 

@@ -4,6 +4,7 @@ cluster, recorded in MLflow; and its bad inputs, each one clear line."""
 
 import glob
 import json
+import pickle
 import os
 import shutil
 
@@ -368,3 +369,59 @@ def test_damaged_or_mismatched_server_tables_are_one_line(on_servers):
     assert_one_line_error(result, f"{saved / 'tables' / name}: a server's table shard is damaged")
     result = run("other-servers", "ctr.epochs=1", "servers=1", f"resume={tmp / 'one'}", ok=False)
     assert_one_line_error(result, "the tables were saved by 2 server(s), this job has 1")
+
+
+def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
+    """init_from: the servers' shards and the workers' state of a cluster run become one
+    process's model (the same rows, the same tower), which trains on; its model goes back
+    onto a cluster of another number of servers and scores exactly as it did."""
+    from kspipe.modes.pserver import read_table_rows
+
+    tmp, _ = on_servers
+
+    def local(name, *overrides):
+        result = kspipe(*[a for a in ctr_args(tmp) if not a.startswith("run_dir=")],
+                        f"run_dir={tmp / name}", *overrides, cwd=tmp)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        return result, json.loads((tmp / name / "metrics.json").read_text())
+
+    (saved,) = (tmp / "one" / "checkpoints").iterdir()
+    source = json.loads((tmp / "one" / "metrics.json").read_text())
+    result, same = local("in-one-process", "ctr.epochs=0", f"init_from={tmp / 'one'}")
+    assert "starting from the model in" in result.stderr
+    model = exported_params(tmp / "in-one-process" / "inference_model")
+    tables = read_table_rows(str(saved / "tables"))
+    assert set(tables) == {"emb_user", "emb_item", "emb_tags"}
+    for name, (ids, rows) in tables.items():
+        assert len(ids) >= 100  # 300 tags, thousands of users and items
+        np.testing.assert_array_equal(model[name][ids], rows)
+    with open(saved / "state.pdparams", "rb") as f:
+        tower = pickle.load(f)
+    for name, value in tower.items():
+        np.testing.assert_array_equal(model[name], value)
+    # ids of the test file the source never trained on take each run's own first values
+    assert same["test_auc"] == pytest.approx(source["test_auc"], abs=2e-3)
+
+    _, onwards = local("onwards", "ctr.epochs=1", f"init_from={tmp / 'one'}")
+    assert onwards["train_instances"] == 4 * LINES
+    assert (tmp / "onwards" / "checkpoints" / "checkpoint-0000001").is_dir()
+    back = kspipe(*[a for a in ctr_args(tmp, *CLUSTER) if not a.startswith("run_dir=")],
+                  "servers=1", "ctr.epochs=0", f"init_from={tmp / 'onwards'}",
+                  f"run_dir={tmp / 'back'}", cwd=tmp)
+    assert back.returncode == 0, back.stderr[-3000:]
+    # every row of the one-process table went onto the servers: the same scores
+    back = json.loads((tmp / "back" / "metrics.json").read_text())
+    assert back["test_auc"] == pytest.approx(onwards["test_auc"], abs=1e-6)
+
+
+def exported_params(model_dir) -> dict:
+    """Every persistable of an exported inference model, by name."""
+    import paddle
+
+    paddle.enable_static()
+    exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        program, _, _ = paddle.static.load_inference_model(f"{model_dir}/model", exe)
+    return {v.name: np.array(scope.find_var(v.name).get_tensor()) for v in program.list_vars()
+            if v.persistable and scope.find_var(v.name) is not None
+            and v.name not in ("feed", "fetch")}

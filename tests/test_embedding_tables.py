@@ -39,12 +39,14 @@ def plugin_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def train(plugin_env, tmp_path_factory):
-    """train(name, *overrides) -> (metrics, parameters) of one run, made once per name."""
-    done = {}
+    """train(name, *overrides) -> (metrics, parameters) of one run, made once per name;
+    ``train.folders[name]``: its run folder."""
+    done, folders = {}, {}
 
     def run(name, *overrides):
         if name not in done:
             folder = tmp_path_factory.mktemp(name)
+            folders[name] = folder / "run"
             result = subprocess.run(
                 [sys.executable, "-m", "kspipe.cli", "+experiment=bags", *SMALL, *overrides,
                  f"run_dir={folder / 'run'}"],
@@ -54,6 +56,7 @@ def train(plugin_env, tmp_path_factory):
             done[name] = metrics, dict(np.load(folder / "run" / "params.npz"))
         return done[name]
 
+    run.folders = folders
     return run
 
 
@@ -85,3 +88,19 @@ def test_async_and_geo_train_the_model(train, strategy, step):
     cluster, _ = train(strategy, "bags.ids=fixed", *PSERVER, f"cluster.strategy={strategy}",
                        "cluster.k_steps=4", f"bags.learning_rate={step}")
     assert cluster["test_r2"] > local["test_r2"] - 0.02, (cluster, local)
+
+
+def test_a_model_moves_between_one_process_and_the_servers(train):
+    """init_from with a workload of its own: a sync cluster's model (its table on the
+    servers) starts a one-process run, and a one-process model a cluster's, unchanged."""
+    _, cluster_params = train("sync-fixed", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
+    _, params = train("from-cluster", "bags.ids=fixed", "bags.epochs=0",
+                      f"init_from={train.folders['sync-fixed']}")
+    for name, value in cluster_params.items():
+        np.testing.assert_array_equal(params[name], value)
+    local, local_params = train("local-fixed", "bags.ids=fixed")
+    again, params = train("from-local", "bags.ids=fixed", *PSERVER, "cluster.strategy=async",
+                          "bags.epochs=0", f"init_from={train.folders['local-fixed']}")
+    for name, value in local_params.items():
+        np.testing.assert_array_equal(params[name], value)
+    assert again["test_r2"] == pytest.approx(local["test_r2"], abs=1e-6)

@@ -28,7 +28,7 @@ NEEDS = frozenset({"dataset_training", "sparse_tables"})
 def kspipe_describe_workload(cfg):
     return Workload(name="ctr", headline="test_auc", rate="samples_per_s",
                     summary=("test_auc", "train_auc", "samples_per_s"), needs=NEEDS,
-                    serving="kspipe.ctr.serving:ClickModel")
+                    serving="kspipe.ctr.serving:ClickModel", starts_from=True)
 
 
 @hookimpl

@@ -23,7 +23,8 @@ from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 def kspipe_describe_workload(cfg):
     return Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
                     summary=("test_accuracy", "baseline_test_accuracy", "train_accuracy",
-                             "tasks_per_s"), serving="kspipe.reptile.serving:FewShotModel")
+                             "tasks_per_s"), serving="kspipe.reptile.serving:FewShotModel",
+                    starts_from=True)
 
 
 @hookimpl

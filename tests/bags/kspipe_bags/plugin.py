@@ -3,7 +3,8 @@
 The model looks the ids up in a table made by ``role.embedding``, averages the rows and
 maps them to one output; SGD is made distributed with ``role.distributed_optimizer`` and
 every step is one ``exe.run``.  ``bags.ids`` picks the ids' shape.  The run writes its
-parameters to ``<run_dir>/params.npz`` for the tests to compare.
+parameters to ``<run_dir>/params.npz`` for the tests to compare, and its model as OpenKS's
+``save_persistables`` does (``<run_dir>/persistables.pd*``), which ``init_from=`` reads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from kspipe import hookimpl
 from kspipe.contracts import Workload
+from kspipe.incremental import start_from
 
 NAME = "bags"
 
@@ -28,7 +30,7 @@ def kspipe_config_dirs():
 @hookimpl
 def kspipe_describe_workload(cfg):
     return Workload(name=NAME, headline="test_r2", rate="samples_per_s",
-                    summary=("test_r2", "samples_per_s"))
+                    summary=("test_r2", "samples_per_s"), starts_from=True)
 
 
 @dataclass
@@ -122,11 +124,15 @@ def feed(cfg, part: tuple, rows) -> dict:
 
 @hookimpl
 def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
+    import paddle
+
     c = cfg.bags
     workers, index = role.worker_num(), role.worker_index()
     share = c.batch_size // workers
     executor.run(programs.startup, scope=scope)
+    start = start_from(cfg, programs.main, scope, reporter.run_dir, reporter)
     role.init_worker(scope)
+    start.load_tables(role)
     batches = c.train_points // c.batch_size
     seen, started = 0, time.perf_counter()
     for epoch in range(c.epochs):
@@ -150,6 +156,8 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
         np.savez(os.path.join(reporter.run_dir, "params.npz"),
                  **{n: np.array(scope.find_var(n).get_tensor())
                     for n in ("table", "out.w", "out.b")})
+        with paddle.static.scope_guard(scope):
+            paddle.static.save(programs.main, os.path.join(reporter.run_dir, "persistables"))
         reporter.metrics(metrics, step=c.epochs * batches)
     return metrics
 
