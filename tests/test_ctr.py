@@ -425,3 +425,64 @@ def exported_params(model_dir) -> dict:
     return {v.name: np.array(scope.find_var(v.name).get_tensor()) for v in program.list_vars()
             if v.persistable and scope.find_var(v.name) is not None
             and v.name not in ("feed", "fetch")}
+
+
+def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path):
+    """kill -9 of a server while the servers write their shards: the job fails in one line,
+    no process is left, and resume= continues from the last complete checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    args = [*ctr_args(tmp_path, *CLUSTER), "ctr.epochs=8"]
+    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints, killed = run_dir / "checkpoints", None
+    try:
+        deadline = time.monotonic() + 240
+        while killed is None and time.monotonic() < deadline and job.poll() is None:
+            writing = [p for p in checkpoints.glob("checkpoint-*.tmp")
+                       if p.name > "checkpoint-0000002.tmp"] if checkpoints.is_dir() else []
+            if writing:  # a checkpoint after the second is being written: kill a server
+                killed = writing[0].name
+                os.kill(server_pid(run_dir), signal.SIGKILL)
+            time.sleep(0.001)
+        assert killed, "no checkpoint was seen being written"
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert stderr.strip().splitlines()[-1].startswith("kspipe: error:"), stderr[-2000:]
+    assert not job_processes(run_dir)
+    complete = sorted(p.name for p in checkpoints.iterdir() if not p.name.endswith(".tmp"))
+    assert complete and complete[-1] < killed.removesuffix(".tmp"), (complete, killed)
+    epoch = int(complete[-1].split("-")[1])
+    again = kspipe(*[a for a in args if not a.startswith("run_dir=")],
+                   f"run_dir={tmp_path / 'again'}", f"resume={run_dir}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed after epoch {epoch}" in again.stderr
+    metrics = json.loads((tmp_path / "again" / "metrics.json").read_text())
+    assert metrics["train_instances"] == (8 - epoch) * 2 * LINES  # this worker's 2 files
+    assert metrics["test_auc"] >= MIN_AUC - 0.05
+
+
+def job_processes(run_dir) -> list:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", f"kspipe.worker {run_dir}"], capture_output=True,
+                         text=True).stdout.split()
+    return [pid for pid in out if int(pid) != os.getpid()]
+
+
+def server_pid(run_dir) -> int:
+    for pid in job_processes(run_dir):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if b"TRAINING_ROLE=PSERVER" in f.read().split(b"\0"):
+                    return int(pid)
+        except OSError:
+            continue
+    raise AssertionError("no server process found")

@@ -127,3 +127,30 @@ def test_local_mode_says_it_ignores_a_worker_count(tmp_path, tiny_data, capsys):
                           "workers=4", "train.meta_iters=1", "eval.baseline=false"])
     run(cfg, plugin_manager())
     assert "kspipe: workers=4 is ignored: mode=local runs one process" in capsys.readouterr().err
+
+
+def test_an_async_checkpoint_holds_the_servers_parameters(tmp_path, tiny_data):
+    """Async workers pull at their own times; before a checkpoint every push is in and each
+    worker takes the servers' parameters, so all workers save the same model mid-run."""
+    import pickle
+
+    import numpy as np
+
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli", "+experiment=omniglot_5way",
+         *tiny_overrides(tmp_path, tiny_data), "mode=pserver", "workers=2",
+         "cluster.strategy=async", "train.meta_iters=8", "train.checkpoint_every=4",
+         "train.keep_checkpoints=3", "eval.interval=0", "eval.baseline=false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in (4, 8):
+        name = f"checkpoint-{step:07d}/state.pdparams"
+        first = pickle.loads((run_dir / "checkpoints" / name).read_bytes())
+        other = pickle.loads((run_dir / "checkpoints" / "worker-1" / name).read_bytes())
+        assert sorted(first) == sorted(other)
+        # batch norm's running statistics are each worker's own: not exchanged
+        exchanged = [k for k in first if not k.endswith((".mean", ".var"))]
+        assert len(exchanged) >= 10
+        for key in exchanged:
+            np.testing.assert_array_equal(first[key], other[key])

@@ -38,6 +38,7 @@ import numpy as np
 
 from kspipe.errors import ConfigError, check_integer
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
+from kspipe.modes.summing import WorkerSum
 
 STRATEGIES = ("sync", "async", "geo")
 META_GRAD = "_meta_grad"
@@ -182,6 +183,7 @@ class StrategyExchange(ParameterSync):
         if strategy == "sync":
             self.k_steps = 1
         self.scope = None
+        self.summing = None  # sync and geo: the workers' changes summed (WorkerSum)
         self.steps = 0  # updates since the last exchange
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
@@ -197,6 +199,8 @@ class StrategyExchange(ParameterSync):
         """Worker 0's parameters become the servers'; every worker takes them."""
         self.scope = scope
         write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
+        if self.strategy != "async":
+            self.summing = WorkerSum(self.role)
 
     def step(self, scope=None, values: dict | None = None) -> None:
         """After a local update (the parameters in ``scope``, or ``values``): exchange."""
@@ -224,10 +228,8 @@ class StrategyExchange(ParameterSync):
         by their mean, on the servers (written before anyone goes on) and in every worker."""
         last = self.exchange.get()
         changes = [(last[n] - current[n]).ravel() for n in self.names]
-        total = np.zeros(sum(c.size for c in changes), np.float64)
         with self.timed("all-reduce"):
-            self.role.all_reduce_worker(np.concatenate(changes).astype(np.float64), total,
-                                        "sum")
+            total = self.summing.sum(np.concatenate(changes).astype(np.float64))
         mean = (total / self.role.worker_num()).astype(np.float32)
         merged, at = {}, 0
         for n in self.names:
@@ -263,9 +265,21 @@ class StrategyExchange(ParameterSync):
             self.exchange.flush()
             write_vars(scope, self.exchange.pull())
 
+    def settle(self) -> None:
+        """Before a checkpoint, every worker: async pushes all in, then the scope holds the
+        servers' parameters exactly (float32, pulled), so the workers' state written into
+        the checkpoint is the servers' table: a table the exchange moves is whole in every
+        worker, and the servers' own files would keep 6 digits of it."""
+        if self.exchange.runtime is not None and self.strategy == "async":
+            self.exchange.flush()
+            self.role.barrier_worker()
+            write_vars(self.scope, self.exchange.pull())
+
     def close(self, clean: bool = True) -> None:
         if clean and self.exchange.runtime is not None:
             self.role.barrier_worker()  # the first worker stops the servers after the rest
+        if self.summing is not None:
+            self.summing.close()
         self.exchange.close(self.role.is_first_worker())
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from kspipe import checkpoint, hookimpl
-from kspipe.errors import ConfigError
+from kspipe.errors import ClusterError, ConfigError
 from kspipe.files import user_path
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
@@ -200,8 +201,12 @@ class FleetTables(ParameterSync):
         them records the layout, the servers and each file's size, for :meth:`load`."""
         os.makedirs(folder, exist_ok=True)
         self.role.fleet.fleet._runtime_handle._worker.save_all_model(folder, 0)
-        write_manifest(folder, self.layout(), len(self.role.get_pserver_endpoints()),
-                       self.rules())
+        servers = len(self.role.get_pserver_endpoints())
+        missing = missing_shard(folder, self.layout(), servers)
+        if missing:  # a server died while saving: this checkpoint must not be completed
+            raise ClusterError(f"{missing}: the servers' tables were not all saved, so the "
+                               f"checkpoint was left incomplete")
+        write_manifest(folder, self.layout(), servers, self.rules())
 
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
@@ -357,6 +362,25 @@ def write_table_rows(folder: str, tables: dict, layout: list, rules: dict,
     return written
 
 
+SHARD_FILE = re.compile(r"part-(\d+)")  # part-<server>.gz, part-<server>-<shard>.gz
+
+
+def missing_shard(folder: str, layout: list, servers: int) -> str:
+    """The first table shard that is not in ``folder`` (each server writes
+    ``<table id>/part-<server>...`` of every table of values), as a message; '' if none is
+    missing."""
+    for table in layout:
+        if not table[1].endswith(("SparseTable", "DenseTable")):
+            continue  # tables that hold no values (the barrier table)
+        shards = os.path.join(folder, f"{table[0]:03d}")
+        names = os.listdir(shards) if os.path.isdir(shards) else []
+        written = {int(m.group(1)) for m in map(SHARD_FILE.match, names) if m}
+        for server in range(servers):
+            if server not in written:
+                return f"{shards}: server {server}'s shard of table {table[2]} is missing"
+    return ""
+
+
 def check_manifest(folder: str, servers: int, layout: list | None = None) -> None:
     """One line, naming the file, for tables this job cannot load from ``folder`` (of
     another number of servers, a shard missing or damaged, and, given the job's ``layout``,
@@ -379,6 +403,9 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
         raise ConfigError(f"{file}: the tables were saved by another model (another table "
                           f"layout: {saved.get('layout')} there, {[list(t) for t in layout]} "
                           f"here)")
+    missing = missing_shard(folder, saved.get("layout", []), servers)
+    if missing:
+        raise ConfigError(missing)
     for name, size in sorted(saved.get("files", {}).items()):
         path = os.path.join(folder, name)
         if not os.path.isfile(path):

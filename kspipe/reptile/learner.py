@@ -413,6 +413,9 @@ class ReptileLearner:
         when the job was stopped while they were writing.
         """
         index = self.role.worker_index() if self.role is not None else 0
+        if self.role is not None:
+            self.role.settle_tables()  # the job's parameters, as the servers hold them
+            self.run(self.p.save_theta)
         if index:
             folder = os.path.join(folder, f"worker-{index}")
 
