@@ -84,18 +84,23 @@ def saved_workload(found: str) -> str | None:
     return OmegaConf.load(config).get("stages", {}).get("program")
 
 
+def state_prefix(path: str, key: str = "init_from") -> str:
+    """Where the saved state of ``path`` is, as ``paddle.static.save`` names it: a
+    ``save_persistables`` folder's ``persistables``, else the newest checkpoint's ``state``."""
+    folder = user_path(path)
+    if os.path.isfile(os.path.join(folder, PERSISTABLES + ".pdparams")):
+        return os.path.join(folder, PERSISTABLES)
+    return os.path.join(checkpoint.latest(folder, key), "state")
+
+
 def read_saved(path: str, key: str = "init_from") -> SavedModel:
     """The model saved at ``path``: a ``save_persistables`` folder, a checkpoint, or a run
     folder (its newest checkpoint)."""
     from kspipe.modes.pserver import read_table_rows
 
     label = f"{key}={path}"
-    folder = user_path(path)
-    found = folder if os.path.isfile(os.path.join(folder, PERSISTABLES + ".pdparams")) else None
-    prefix = os.path.join(found, PERSISTABLES) if found else None
-    if prefix is None:
-        found = checkpoint.latest(folder, key)
-        prefix = os.path.join(found, "state")
+    prefix = state_prefix(path, key)
+    found = os.path.dirname(prefix)
     model = SavedModel(prefix + ".pdparams", checkpoint.read_arrays(prefix + ".pdparams", label),
                        workload=saved_workload(found))
     if os.path.isfile(prefix + ".pdopt"):

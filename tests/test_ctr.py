@@ -486,3 +486,15 @@ def server_pid(run_dir) -> int:
         except OSError:
             continue
     raise AssertionError("no server process found")
+
+
+def test_a_cluster_started_from_another_model_is_one_line(on_servers):
+    tmp, run = on_servers
+    result = run("other-shape", "ctr.epochs=1", "ctr.embedding_dim=4",
+                 f"init_from={tmp / 'one'}", ok=False)
+    assert_one_line_error(result, f"init_from={tmp / 'one'}: ", "was saved by another model")
+    assert not job_processes(tmp / "other-shape")
+    import sqlite3
+
+    with sqlite3.connect(tmp / "mlflow.db") as con:
+        assert not con.execute("select 1 from runs where status = 'RUNNING'").fetchall()

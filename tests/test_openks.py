@@ -149,6 +149,31 @@ def test_servers_started_from_a_saved_model_continue_from_it(tmp_path, strategy)
         assert all(np.array_equal(params[name], on_disk[name]) for name in on_disk)
 
 
+def test_init_server_reads_a_kspipe_run_in_the_same_format(tmp_path):
+    """A checkpoint holds what save_persistables writes (paddle.static.save's files), so
+    init_server(dir) takes a kspipe run folder too: its newest checkpoint."""
+    import json
+    import pickle
+    import shutil
+
+    script = tmp_path / "incremental.py"
+    script.write_text(INCREMENTAL)
+    model = tmp_path / "model"
+    first = launch_cpu(tmp_path, script, "first", "--strategy", "sync", "--save", str(model))
+    saved = tmp_path / "run" / "checkpoints" / "checkpoint-0000001"
+    saved.mkdir(parents=True)
+    for suffix in ("pdparams", "pdopt", "pdmodel"):
+        shutil.copy(model / f"persistables.{suffix}", saved / f"state.{suffix}")
+    (saved / "progress.json").write_text(json.dumps({"step": 1}))
+    again = launch_cpu(tmp_path, script, "again", "--strategy", "sync", "--init",
+                       str(tmp_path / "run"))
+    on_disk = pickle.loads((model / "persistables.pdparams").read_bytes())
+    for worker in again:
+        params, loss = worker["start"]
+        assert loss == first[0]["saved"][1]
+        assert all(np.array_equal(params[name], on_disk[name]) for name in on_disk)
+
+
 def test_init_server_with_a_model_needs_the_shared_gloo_world(monkeypatch):
     from types import SimpleNamespace
 

@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from kspipe.errors import ClusterError, ConfigError
+from kspipe.incremental import PERSISTABLES  # save_persistables' files: persistables.pd*
 from kspipe.modes.role import Role, write_vars
 from kspipe.openks.optimizers import (AsyncStrategy, CollectiveStrategy,
                                       GeneralDistributedOptimizer,
@@ -172,13 +173,14 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
         return self._optimizer
 
     def init_server(self, model_dir: str | None = None) -> None:
-        """Start this server's tables.  ``model_dir``: a folder ``save_persistables`` wrote;
-        the job starts from the model saved there (server 0 reads it, checked against the
+        """Start this server's tables.  ``model_dir``: a folder ``save_persistables`` wrote
+        (or a kspipe run or checkpoint: the same format); the job starts from the model
+        saved there (server 0 reads it, checked against the
         script's program, and hands it to the workers at their ``init_worker``)."""
         import paddle.distributed.fleet as fleet
 
         from kspipe.checkpoint import read_state
-        from kspipe.files import user_path
+        from kspipe.incremental import state_prefix
 
         if self._optimizer is None or self._optimizer._distributed is None:
             raise RuntimeError("call distributed_optimizer(...).minimize(loss) first, "
@@ -191,8 +193,8 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
         program = self._optimizer.program
         state = None
         if model_dir and self.role.server_index() == 0:
-            state = read_state(program, os.path.join(user_path(model_dir), PERSISTABLES),
-                               f"init_server({model_dir!r})")
+            key = f"init_server({model_dir!r})"
+            state = read_state(program, state_prefix(model_dir, key), key)
         fleet.init_server()
         if hands_over():
             hand_over(program, state)
@@ -230,8 +232,6 @@ class GPUDistributedAlgorithm(BaseDistributedAlgorithm):
 
 # --- a model for the servers, handed to the workers ------------------------------------
 
-#: The files ``save_persistables`` writes in its folder: ``persistables.pdparams`` ...
-PERSISTABLES = "persistables"
 #: What a parameter-server job's processes need for :func:`hand_over` (kspipe-launch sets
 #: it): fleet's gloo among the servers and workers together, not the workers alone; and
 #: no waiting for the servers while building the programs, as the servers wait for the
