@@ -65,10 +65,7 @@ def check_source(cfg, key: str = "init_from") -> None:
         if cfg.get(other):
             raise ConfigError(f"{key}= starts a new run from a saved model, {other}= "
                               f"continues or evaluates one: give one of them")
-    folder = user_path(path)
-    if os.path.isfile(os.path.join(folder, PERSISTABLES + ".pdparams")):
-        return
-    workload = saved_workload(checkpoint.latest(folder, key))
+    workload = saved_workload(os.path.dirname(state_prefix(path, key)))
     if workload and workload != cfg.stages.program:
         raise ConfigError(f"{key}={path}: saved by the {workload} workload, this run is "
                           f"{cfg.stages.program}")
@@ -116,6 +113,7 @@ def start_from(cfg, program, scope, run_dir: str, reporter=None, key: str = "ini
     ``program`` that ``scope`` holds take their values from ``cfg.init_from``; returns the
     :class:`Start` whose ``load_tables(role)`` gives the mode's tables theirs after
     ``init_worker`` (nothing when ``init_from`` is not set)."""
+    import paddle
     from paddle.framework.io_utils import is_parameter
 
     path = cfg.get(key)
@@ -152,8 +150,6 @@ def start_from(cfg, program, scope, run_dir: str, reporter=None, key: str = "ini
         else:
             raise ConfigError(f"{label}: {model.where} was saved by another model: it has "
                               f"no {name}")
-    import paddle
-
     for name, value in {**values, **carried}.items():
         tensor = scope.find_var(name).get_tensor()
         tensor.set(np.asarray(value).astype(np.array(tensor).dtype), paddle.CPUPlace())

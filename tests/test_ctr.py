@@ -409,6 +409,7 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
                   "servers=1", "ctr.epochs=0", f"init_from={tmp / 'onwards'}",
                   f"run_dir={tmp / 'back'}", cwd=tmp)
     assert back.returncode == 0, back.stderr[-3000:]
+    assert not (tmp / "back" / "init_from").exists()  # the rows' files, once the servers read them
     # every row of the one-process table went onto the servers: the same scores
     back = json.loads((tmp / "back" / "metrics.json").read_text())
     assert back["test_auc"] == pytest.approx(onwards["test_auc"], abs=1e-6)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 from kspipe import checkpoint, hookimpl
 from kspipe.errors import ClusterError, ConfigError
@@ -222,13 +223,14 @@ class FleetTables(ParameterSync):
         """Every worker calls it, after :meth:`connect`: the servers' sparse tables get
         ``rows`` (``{table name: (ids, embedding rows)}``), each row with fresh optimiser
         state; the shards are written into ``folder`` first, split as this job's servers
-        hold them."""
+        hold them, and removed once the servers have read them."""
         self.role.barrier_worker()
         if self.role.is_first_worker():
             ids = write_table_rows(folder, rows, self.layout(), self.rules(),
                                    len(self.role.get_pserver_endpoints()))
-            for table_id in ids:
+            for table_id in ids:  # returns once the servers have read their files
                 self.role.fleet.fleet._runtime_handle._worker.load_one_table(table_id, folder, 0)
+            shutil.rmtree(folder, ignore_errors=True)
         self.role.barrier_worker()
 
     def layout(self) -> list:
