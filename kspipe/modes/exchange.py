@@ -6,7 +6,8 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
 
 * :class:`ParameterExchange` moves dense parameters.  A one-op "meta program",
   ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
-  ``g`` makes the servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
+  ``g`` (its ``send`` op alone, run on ``g`` written in as theta's gradient) makes the
+  servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
   the servers' values and returns once they hold them; ``pull`` reads them.
 * :class:`StrategyExchange` is the strategies over it.  After each local update:
 
@@ -14,9 +15,9 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     parameters and pulls them back.  Workers never wait for each other or for their own
     push, so a pull may not hold this worker's last push yet (it is applied a few ms later;
     ``cluster.wait_push=true`` waits for it, ~100 ms a step);
-  - ``sync``: a round of all workers.  Their changes are summed in a fixed order (an
-    all-reduce among the workers); every worker goes on from ``theta - sum / workers``, and
-    the first worker writes it to the servers, which confirm it, before the next round.
+  - ``sync``: a round of all workers.  Their changes are summed in worker order
+    (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
+    ``theta - sum / workers``, and the first worker writes it to the servers, which confirm it, before the next round.
     Nothing is lost and the same run gives the same parameters, bit for bit;
   - ``geo``: updates stay local; every ``k_steps`` updates, a sync round (geo-SGD with
     rounds that every worker joins: LocalSGD over the servers).
