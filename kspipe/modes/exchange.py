@@ -17,7 +17,8 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     ``cluster.wait_push=true`` waits for it, ~100 ms a step);
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
-    ``theta - sum / workers``, and the first worker writes it to the servers, which confirm it, before the next round.
+    ``theta - sum / workers``, and the first worker writes it to the servers, which
+    confirm it, before the next round.
     Nothing is lost and the same run gives the same parameters, bit for bit;
   - ``geo``: updates stay local; every ``k_steps`` updates, a sync round (geo-SGD with
     rounds that every worker joins: LocalSGD over the servers).
