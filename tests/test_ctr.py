@@ -300,8 +300,8 @@ def test_checkpoints_each_epoch_and_resumes(tmp_path):
 
 @pytest.fixture(scope="module")
 def on_servers(tmp_path_factory):
-    """ctr on 2 servers and 2 workers: one epoch (its checkpoint holds the servers' shards),
-    and two epochs uninterrupted; ``run(name, *overrides)`` runs more in the same folder."""
+    """ctr on 2 servers and 2 workers, one epoch (its checkpoint holds the servers' shards);
+    ``run(name, *overrides)`` runs more in the same folder."""
     tmp = tmp_path_factory.mktemp("servers")
 
     def run(name, *overrides, ok=True):
@@ -312,7 +312,6 @@ def on_servers(tmp_path_factory):
         return result
 
     run("one", "ctr.epochs=1")
-    run("two", "ctr.epochs=2")
     return tmp, run
 
 
@@ -344,16 +343,14 @@ def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers):
     assert restored["train_instances"] == 0
     assert restored["test_auc"] == pytest.approx(before["test_auc"], abs=1e-6)
     assert restored["test_auc"] != 0.5  # not a fresh model's
-    # one more epoch goes on from the restored tables to where two uninterrupted epochs get.
-    # Async runs are not repeatable (Hogwild threads, pulls on a timer): seen here, two
-    # uninterrupted epochs scored 0.697, 0.710 and 0.719, resumed ones 0.683 and 0.715, and
-    # one epoch 0.655-0.663 (what a resume that lost the tables would score)
+    # one more epoch goes on from the restored tables. Async runs are not repeatable (Hogwild
+    # threads, pulls on a timer), so a resumed run is not compared with an uninterrupted one
+    # here (seen: two epochs 0.697-0.719 uninterrupted, 0.683-0.715 resumed); one epoch alone
+    # scores 0.655-0.663, which is what a resume that lost the tables would score
     run("more", "ctr.epochs=2", f"resume={tmp / 'one'}")
     more = json.loads((tmp / "more" / "metrics.json").read_text())
-    whole = json.loads((tmp / "two" / "metrics.json").read_text())
     assert more["train_instances"] == 2 * LINES  # one epoch of this worker's two files
     assert more["test_auc"] > before["test_auc"] + 0.01, (more, before)
-    assert abs(more["test_auc"] - whole["test_auc"]) < 0.03, (more, whole)
 
 
 def test_damaged_or_mismatched_server_tables_are_one_line(on_servers):
