@@ -24,7 +24,12 @@ from kspipe.testing import overloaded, tiny_overrides
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 CLUSTER = {"local": [],
            "pserver": ["mode=pserver", "workers=2", "cluster.strategy=sync"],
+           # a round every 2 of a worker's steps and at every checkpoint (every 3 of its
+           # steps): the checkpoints fall between the k_steps rounds
+           "pserver-geo": ["mode=pserver", "workers=2", "cluster.strategy=geo",
+                           "cluster.k_steps=2"],
            "collective": ["mode=collective", "workers=2"]}
+EVERY = {"pserver-geo": 6}
 
 
 def kspipe(tmp_path, *args):
@@ -47,18 +52,19 @@ def job_processes(run_dir):
     return [pid for pid in out if int(pid) != os.getpid()]
 
 
-@pytest.mark.parametrize("mode", ["local", "pserver", "collective"])
+@pytest.mark.parametrize("mode", list(CLUSTER))
 def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_data, mode):
     iterations = 120 if mode == "local" else 40
+    every = EVERY.get(mode, 4)
     common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-              f"train.meta_iters={iterations}", "train.checkpoint_every=4",
-              f"train.keep_checkpoints={iterations // 4}", "eval.interval=0",
+              f"train.meta_iters={iterations}", f"train.checkpoint_every={every}",
+              f"train.keep_checkpoints={iterations // every}", "eval.interval=0",
               "eval.baseline=false", *CLUSTER[mode]]
-    with overloaded(processes=3 if mode == "pserver" else 0):
-        check_sigterm_and_resume(tmp_path, common, iterations, mode)
+    with overloaded(processes=3 if mode.startswith("pserver") else 0):
+        check_sigterm_and_resume(tmp_path, common, iterations, every)
 
 
-def check_sigterm_and_resume(tmp_path, common, iterations, mode):
+def check_sigterm_and_resume(tmp_path, common, iterations, every):
     whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}")
     assert whole.wait(timeout=300) == 0, whole.communicate()
 
@@ -66,7 +72,7 @@ def check_sigterm_and_resume(tmp_path, common, iterations, mode):
     job = kspipe(tmp_path, *common, f"run_dir={cut}")
     try:
         deadline = time.monotonic() + 120
-        while not list((cut / "checkpoints").glob("checkpoint-0000004")):
+        while not list((cut / "checkpoints").glob(f"checkpoint-{every:07d}")):
             assert time.monotonic() < deadline and job.poll() is None, job.communicate()
             time.sleep(0.05)
         job.send_signal(signal.SIGTERM)

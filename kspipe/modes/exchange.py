@@ -20,8 +20,8 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     ``theta - sum / workers``, and the first worker writes it to the servers, which
     confirm it, before the next round.
     Nothing is lost and the same run gives the same parameters, bit for bit;
-  - ``geo``: updates stay local; every ``k_steps`` updates, a sync round (geo-SGD with
-    rounds that every worker joins: LocalSGD over the servers).
+  - ``geo``: updates stay local; every ``k_steps`` updates, and at every checkpoint, a
+    sync round (geo-SGD with rounds that every worker joins: LocalSGD over the servers).
 
 Paddle's brpc client holds dense pushes back for merging (up to 12, or until a
 ``client_flush``, which polls every 100 ms); :data:`CLIENT_FLAGS` makes it send each push
@@ -278,14 +278,24 @@ class StrategyExchange(ParameterSync):
             write_vars(scope, self.exchange.pull())
 
     def settle(self) -> None:
-        """Before a checkpoint, every worker: async pushes all in, then the scope holds the
-        servers' parameters exactly (float32, pulled), so the workers' state written into
-        the checkpoint is the servers' table: a table the exchange moves is whole in every
-        worker, and the servers' own files would keep 6 digits of it."""
-        if self.exchange.runtime is not None and self.strategy == "async":
+        """Before a checkpoint, every worker: the scope then holds the servers' parameters
+        exactly, so the state written into the checkpoint is the job's one model.
+
+        * async: every push in, then a pull (float32: a table the exchange moves is whole
+          in every worker, where the servers' own files would keep 6 digits of it);
+        * geo: a round, whatever ``k_steps`` says, so no worker's local steps are left out
+          of the checkpoint.  The uninterrupted run makes the same round at the same
+          checkpoint, so a run resumed from it repeats that run exactly;
+        * sync: every round already ended so.
+        """
+        if self.exchange.runtime is None:
+            return
+        if self.strategy == "async":
             self.exchange.flush()
             self.role.barrier_worker()
             write_vars(self.scope, self.exchange.pull())
+        elif self.strategy == "geo" and self.steps:
+            self._round(self.scope, read_vars(self.scope, self.names))
 
     def close(self, clean: bool = True) -> None:
         if clean and self.exchange.runtime is not None:
