@@ -95,13 +95,17 @@ def invoke(url: str, body: dict) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def ctr_run(tmp_path_factory):
+    """ctr trained on a parameter-server cluster (the launcher process logs the model of a
+    job whose workers trained it), served."""
     tmp = tmp_path_factory.mktemp("ctr")
     store = f"sqlite:///{tmp / 'mlflow.db'}"
-    result = kspipe("+experiment=ctr_datafeed", "ctr.epochs=1",
+    result = kspipe("+experiment=ctr_datafeed", "ctr.epochs=1", "mode=pserver", "workers=2",
                     "datafeed.generated.lines_per_file=500",
                     f"datafeed.generated.cache_dir={tmp / 'cache'}", f"run_dir={tmp / 'run'}",
                     f"tracking.uri={store}", "tracking.register=clicks", cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "was not logged" not in result.stderr, result.stderr[-3000:]
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
     client, run = only_run(store)
     with model_server(store, run.info.run_id, tmp) as server:
         yield tmp, store, result, run, server.ready()

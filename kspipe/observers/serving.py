@@ -28,6 +28,7 @@ import os
 import warnings
 
 import mlflow
+import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
@@ -49,7 +50,9 @@ class KspipeModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.predictor = predictor_class(self.serving)(dict(context.artifacts))
 
-    def predict(self, context, model_input, params=None):
+    # a frame's hint: MLflow infers nothing from it (the signature comes from the
+    # predictor's example) and no longer warns that ``predict`` has no hints
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         try:
             return self.predictor.predict(model_input, dict(params or {}))
         except KspipeError as err:  # the request's mistake: a 400 with one line
@@ -70,16 +73,18 @@ def log_model(uri: str, run_id: str, run_dir: str, serving: str,
 
     cls = predictor_class(serving)
     artifacts = cls.artifacts(run_dir)
-    example = cls.example(artifacts)
-    with quiet():
-        signature = infer_signature(example["input"], example["output"],
-                                    params=example["params"] or None)
-    signature.inputs = loosened(signature.inputs, example.get("unchecked", ()))
-    with quiet(), fluent_store(uri), mlflow.start_run(run_id=run_id):  # ends it, as kspipe would
-        info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=KspipeModel(serving),
-                                       artifacts=artifacts, signature=signature,
-                                       input_example=example["input"],
-                                       pip_requirements=requirements())
+    with static_graph():
+        example = cls.example(artifacts)
+        with quiet():
+            signature = infer_signature(example["input"], example["output"],
+                                        params=example["params"] or None)
+        signature.inputs = loosened(signature.inputs, example.get("unchecked", ()))
+        # start_run(run_id) ends the run afterwards, as kspipe would
+        with quiet(), fluent_store(uri), mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=KspipeModel(serving),
+                                           artifacts=artifacts, signature=signature,
+                                           input_example=example["input"],
+                                           pip_requirements=requirements())
     if register:
         try:
             with fluent_store(uri):
@@ -87,6 +92,22 @@ def log_model(uri: str, run_id: str, run_dir: str, serving: str,
         except MlflowException as err:
             raise registry_error(register, err) from err
     return f"runs:/{run_id}/{MODEL_NAME}"
+
+
+@contextlib.contextmanager
+def static_graph():
+    """Paddle in static-graph mode for the block, as the exported programs need it.  A
+    launcher process never entered it (its workers did): without this, a cluster run's
+    model was never logged."""
+    import paddle
+
+    dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        yield
+    finally:
+        if dynamic:
+            paddle.disable_static()
 
 
 @contextlib.contextmanager
