@@ -83,6 +83,9 @@ def register_schemas() -> None:
     from kspipe.modes import config as modes
     from kspipe.reptile import config as reptile
 
+    from kspipe.job import register_resolver
+
+    register_resolver()  # hydra.run.dir's
     store = ConfigStore.instance()
     store.store(name="core", node=open_root(CoreConfig))
     for group, schema in (("compile", CompileConfig), ("stages", StagesConfig),

@@ -31,6 +31,7 @@ import numpy as np
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
 from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, launch_plan, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
@@ -39,7 +40,8 @@ from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars,
 @hookimpl
 def kspipe_assign_role(cfg):
     devices = gpu_devices(cfg)
-    if os.environ.get("PADDLE_TRAINER_ID") is not None and os.environ.get("PADDLE_TRAINER_ENDPOINTS"):
+    if role_from_environment() == "collective":
+        check_environment("collective")
         return CollectiveRole()
     return CollectiveLauncher(cfg, devices)
 

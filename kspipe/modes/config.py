@@ -24,6 +24,9 @@ class ClusterConfig:
     # a job across hosts: the first host's launcher listens here (default: worker 0's port + 2)
     control_port: Optional[int] = None
     hosts_timeout_s: float = 300.0  # ... and fails if another host's launcher has not come
+    # the job's id, for processes a scheduler starts: they share outputs/job-<id> (default:
+    # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
+    job_id: Optional[str] = None
 
 
 def register(store) -> None:

@@ -27,6 +27,7 @@ import shutil
 from kspipe import checkpoint, hookimpl
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.files import user_path
+from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
 from kspipe.modes.hosts import job_hosts
@@ -42,7 +43,8 @@ def kspipe_check_config(cfg):
 
 @hookimpl
 def kspipe_assign_role(cfg):
-    if os.environ.get("TRAINING_ROLE"):
+    if role_from_environment() == "pserver":
+        check_environment("pserver")
         return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
                                 wait_push=cfg.cluster.wait_push))
     return PserverLauncher(cfg)

@@ -1,0 +1,109 @@
+"""The run folder of a command, and of a job whose processes a scheduler started.
+
+kspipe's own launcher starts a job's roles and tells each one its run folder.  A
+scheduler (Paddle's launcher, a ``PaddleJob``'s pods, Slurm's ``srun``) starts every
+process of a job itself, with Paddle's environment contract (``TRAINING_ROLE``,
+``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...) and the same ``kspipe
+<overrides>``.  Such processes start seconds apart and never talk before training, so
+they agree on their run folder by naming it after the job: ``outputs/job-<id>``, where
+the id is ``cluster.job_id`` if given, else the scheduler's (``PADDLE_JOB_ID``,
+``SLURM_JOB_ID``), else a digest of the job's endpoint lists (the same in all of its
+processes, and different for every job running at once).  One run folder means one
+MLflow run: the first worker records it.
+
+Hydra's own files (``.hydra/``, the command's log) go into the run folder too: the
+config's ``hydra.run.dir`` is :func:`run_folder`, through the resolver ``kspipe_run_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+
+RESOLVER = "kspipe_run_dir"
+SCHEDULER_IDS = ("PADDLE_JOB_ID", "SLURM_JOB_ID")
+
+
+def role_from_environment(env=os.environ) -> str | None:
+    """``"pserver"`` or ``"collective"`` when this process was given a role by its
+    environment (Paddle's contract), else None."""
+    if env.get("TRAINING_ROLE"):
+        return "pserver"
+    if env.get("PADDLE_TRAINER_ID") is not None and env.get("PADDLE_TRAINER_ENDPOINTS"):
+        return "collective"
+    return None
+
+
+def job_id(given: str | None = None, env=os.environ) -> str:
+    """The id of the job this process belongs to (see the module's text)."""
+    if given:
+        return str(given)
+    for name in SCHEDULER_IDS:
+        if env.get(name):
+            return env[name]
+    endpoints = "|".join(env.get(name, "") for name in
+                         ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS"))
+    return hashlib.sha1(endpoints.encode()).hexdigest()[:12]
+
+
+def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
+               env=os.environ) -> str:
+    """Where a command run with the Hydra config writes: ``run_dir`` if given; for a role
+    started by a scheduler, the job's folder; else a new folder named by the time."""
+    if run_dir:
+        return os.path.expanduser(str(run_dir))
+    if role_from_environment(env):
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env))
+        return os.path.join("outputs", f"job-{name}")
+    return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+
+
+def register_resolver() -> None:
+    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>}`` known to OmegaConf."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read
+        OmegaConf.register_new_resolver(RESOLVER, run_folder, use_cache=True)
+
+
+#: The variables of Paddle's contract that a role started from the environment reads.
+NEEDED = {
+    "PSERVER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT"),
+    "TRAINER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
+                "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID"),
+    "collective": ("PADDLE_TRAINER_ENDPOINTS", "PADDLE_TRAINER_ID"),
+}
+#: How a parameter-server job's processes meet (fleet's gloo): where, by rendezvous kind.
+GLOO_MEETING = {"2": "PADDLE_GLOO_FS_PATH", "3": "PADDLE_GLOO_HTTP_ENDPOINT"}
+
+
+def check_environment(kind: str, env=os.environ) -> None:
+    """Refuse, in one line naming it, an environment that lacks what this process's role
+    needs (a :class:`~kspipe.errors.ConfigError`, before anything starts)."""
+    from kspipe.errors import ConfigError
+
+    role = env.get("TRAINING_ROLE") if kind == "pserver" else "collective"
+    if role not in NEEDED:
+        raise ConfigError(f"TRAINING_ROLE={role}: a parameter-server job's process is "
+                          f"PSERVER or TRAINER")
+    where = "the environment (Paddle's launcher, a PaddleJob or kspipe's own sets it)"
+    missing = [name for name in NEEDED[role] if not env.get(name)]
+    if kind == "pserver":
+        meeting = GLOO_MEETING.get(env.get("PADDLE_GLOO_RENDEZVOUS", ""))
+        if env.get("PADDLE_WITH_GLOO", "0") == "0" or not meeting:
+            raise ConfigError(f"a parameter-server job's processes meet through fleet's gloo: "
+                              f"set PADDLE_WITH_GLOO=1 and PADDLE_GLOO_RENDEZVOUS=3 with "
+                              f"PADDLE_GLOO_HTTP_ENDPOINT (or 2 with PADDLE_GLOO_FS_PATH) in "
+                              f"{where}; a PaddleJob sets them with withGloo: 1")
+        missing += [meeting] if not env.get(meeting) else []
+    if missing:
+        raise ConfigError(f"{role if kind == 'pserver' else 'a collective worker'}: "
+                          f"{', '.join(missing)} not set in {where}")
+    trainers = env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
+    if "PADDLE_TRAINER_ID" in NEEDED[role]:
+        index = env["PADDLE_TRAINER_ID"]
+        if not index.isdigit() or int(index) >= len(trainers):
+            raise ConfigError(f"PADDLE_TRAINER_ID={index} is not one of the "
+                              f"{len(trainers)} workers of PADDLE_TRAINER_ENDPOINTS")

@@ -1,0 +1,144 @@
+"""Jobs whose processes a scheduler starts: each process is ``kspipe <the same overrides>``
+with Paddle's environment contract (as Paddle's launcher and a PaddleJob's pods set it),
+started seconds apart.  Together they are one kspipe job: one run folder
+(``outputs/job-<id>``, Hydra's files in it), one FINISHED MLflow run, and the model that
+kspipe's own launcher trains from the same overrides, bit for bit (sync repeats exactly).
+"""
+
+import os
+import pickle
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kspipe.modes.launch import free_ports
+from kspipe.testing import tiny_overrides
+
+ITERATIONS = 4
+JOB = ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=sync"]
+#: what kspipe's launcher gives each process (one math thread each on 2 cores), so that
+#: the float sums are the same
+THREADS = {"OMP_NUM_THREADS": "1", "KSPIPE_THREADS": "1"}
+
+
+def overrides(tmp: Path, tiny_data) -> list[str]:
+    """The tiny Reptile job without a run folder: the processes find theirs."""
+    return ["+experiment=omniglot_5way", f"train.meta_iters={ITERATIONS}",
+            *[o for o in tiny_overrides(tmp, tiny_data) if not o.startswith("run_dir=")], *JOB]
+
+
+def final_weights(run_dir: Path) -> dict:
+    path = run_dir / "checkpoints" / f"checkpoint-{ITERATIONS:07d}" / "state.pdparams"
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def runs(tmp: Path) -> list:
+    with sqlite3.connect(tmp / "mlflow.db") as db:
+        return sorted(db.execute("select status from runs"))
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, tiny_data):
+    """The same job started by kspipe's own launcher: the reference weights."""
+    tmp = tmp_path_factory.mktemp("launched")
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *overrides(tmp, tiny_data),
+                             f"run_dir={tmp / 'run'}"], cwd=tmp, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final_weights(tmp / "run")
+
+
+def check_one_job(tmp: Path, expected: dict) -> Path:
+    """One run folder under ``tmp/outputs`` with the job's model, and one FINISHED run."""
+    (folder,) = (tmp / "outputs").iterdir()
+    assert folder.name.startswith("job-")
+    assert (folder / ".hydra" / "config.yaml").is_file()
+    assert (folder / "checkpoints" / "worker-1").is_dir()  # worker 1's state beside worker 0's
+    got = final_weights(folder)
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp) == [("FINISHED",)]
+    return folder
+
+
+def test_pods_started_apart_with_a_paddlejobs_environment_are_one_job(
+        tmp_path, tiny_data, launched):
+    server, worker0, worker1, gloo = free_ports(4)
+    job = {"PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{server}",
+           "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{worker0},127.0.0.1:{worker1}",
+           "PADDLE_TRAINERS_NUM": "2", "POD_IP": "127.0.0.1", "PADDLE_WITH_GLOO": "1",
+           "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": f"127.0.0.1:{gloo}",
+           **THREADS}
+    pods = [{"TRAINING_ROLE": "PSERVER", "PADDLE_PORT": str(server)},
+            {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker0), "PADDLE_TRAINER_ID": "0"},
+            {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker1), "PADDLE_TRAINER_ID": "1"}]
+    started = []
+    try:
+        for pod in pods:
+            started.append(subprocess.Popen(
+                [sys.executable, "-m", "kspipe.cli", *overrides(tmp_path, tiny_data)],
+                cwd=tmp_path, env=dict(os.environ, **job, **pod), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+            time.sleep(1.5)  # a second apart, each would have had a Hydra folder of its own
+        outputs = [p.communicate(timeout=300)[0] for p in started]
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in started] == [0, 0, 0], outputs[-1][-3000:]
+    folder = check_one_job(tmp_path, launched)
+    assert f"(run folder {folder})" in outputs[1]
+
+
+def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, launched):
+    """``python -m paddle.distributed.launch`` with kspipe as its program (it exits 0 even
+    when a worker fails, so the run and the weights are what is checked)."""
+    kspipe = shutil.which("kspipe")
+    assert kspipe, "the kspipe command is installed with the package"
+    (gloo,) = free_ports(1)
+    result = subprocess.run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--server_num=1",
+         "--trainer_num=2", f"--gloo_port={gloo}", f"--log_dir={tmp_path / 'paddle-logs'}",
+         kspipe, *overrides(tmp_path, tiny_data)],
+        cwd=tmp_path, env=dict(os.environ, **THREADS), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_one_job(tmp_path, launched)
+
+
+@pytest.mark.parametrize("environment, message", [
+    ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "1",
+      "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000", "PADDLE_WITH_GLOO": "1",
+      "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001"},
+     "TRAINER: PADDLE_PSERVERS_IP_PORT_LIST not set in the environment"),
+    ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "2", "PADDLE_TRAINERS_NUM": "2",
+      "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
+      "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000,127.0.0.1:7003", "PADDLE_WITH_GLOO": "1",
+      "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001"},
+     "PADDLE_TRAINER_ID=2 is not one of the 2 workers of PADDLE_TRAINER_ENDPOINTS"),
+    ({"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
+      "PADDLE_TRAINERS_NUM": "1", "POD_IP": "127.0.0.1", "PADDLE_PORT": "7002"},
+     "a parameter-server job's processes meet through fleet's gloo"),
+    ({"TRAINING_ROLE": "HETER_TRAINER"}, "TRAINING_ROLE=HETER_TRAINER: a parameter-server "
+                                         "job's process is PSERVER or TRAINER"),
+])
+def test_an_environment_missing_what_a_role_needs_is_one_line(tmp_path, tiny_data,
+                                                              environment, message):
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PADDLE_", "TRAINING_ROLE", "POD_IP"))}
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *overrides(tmp_path, tiny_data)],
+                            cwd=tmp_path, env=dict(clean, **environment), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("kspipe: error: ") and message in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "mlflow.db").exists() or runs(tmp_path) == []
