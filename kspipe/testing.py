@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -144,3 +145,95 @@ def overloaded(processes: int = 3, seconds: int = 600):
         for p in busy:
             p.kill()
             p.wait()
+
+
+SLURM_CONF = """ClusterName=kspipe
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo", "scontrol")
+
+
+def slurm_missing() -> str | None:
+    """Why a one-node Slurm cannot be started here, or None."""
+    import shutil
+
+    missing = [p for p in SLURM_PROGRAMS if shutil.which(p) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing; README: Slurm)"
+    if os.geteuid() != 0:
+        return "a one-node Slurm runs its daemons as root"
+    return None
+
+
+@contextlib.contextmanager
+def local_slurm(folder: Path):
+    """A one-node Slurm cluster on loopback, configured under ``folder`` (nothing in /etc),
+    with 8 CPUs so that small jobs' steps run side by side; yields the environment its
+    commands need (``SLURM_CONF``).  Its daemons are stopped at the end."""
+    import socket
+    import subprocess
+    import time
+
+    from kspipe.modes.launch import free_ports
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir(exist_ok=True)
+    ctld_port, slurmd_port = free_ports(2)
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(host=socket.gethostname(), folder=folder,
+                                      ctld_port=ctld_port, slurmd_port=slurmd_port))
+    env = {"SLURM_CONF": str(conf)}
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    started_munge = bool(subprocess.run(["pgrep", "-x", "munged"],
+                                        capture_output=True).returncode)
+    if started_munge:
+        subprocess.run(["munged", "--force"], check=True, capture_output=True)
+    for daemon in ("slurmctld", "slurmd"):
+        subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=dict(os.environ, **env),
+                                   capture_output=True, text=True).stdout.strip()
+            if state == "idle":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the local Slurm did not come up (sinfo: {state!r}); "
+                                   f"logs in {folder}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        subprocess.run(["scancel", "--full", "--user=root"], env=dict(os.environ, **env),
+                       capture_output=True)
+        for daemon in ("slurmd", "slurmctld"):
+            pid_file = folder / f"{daemon}.pid"
+            if pid_file.is_file():
+                try:
+                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+                except (ValueError, ProcessLookupError):
+                    pass
+        if started_munge:
+            subprocess.run(["pkill", "-x", "munged"], capture_output=True)

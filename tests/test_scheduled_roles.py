@@ -142,3 +142,54 @@ def test_an_environment_missing_what_a_role_needs_is_one_line(tmp_path, tiny_dat
     assert lines[-1].startswith("kspipe: error: ") and message in lines[-1], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "mlflow.db").exists() or runs(tmp_path) == []
+
+
+# --- Slurm ---------------------------------------------------------------------------
+
+
+def slurm_command(env: dict, *command, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(list(command), env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def nothing_queued(env: dict) -> bool:
+    return slurm_command(env, "squeue", "-h").stdout.strip() == ""
+
+
+def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
+        tmp_path, tiny_data, launched, slurm):
+    run = tmp_path / "run"
+    result = subprocess.run(
+        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
+         *overrides(tmp_path, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
+        cwd=tmp_path, env=dict(os.environ, **slurm), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = final_weights(run)
+    for name, value in launched.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",)]
+    assert sorted(p.name for p in (run / "logs").iterdir()) == [
+        "server.0.log", "worker.0.log", "worker.1.log"]
+    assert nothing_queued(slurm)
+
+
+@pytest.mark.parametrize("allocate, message", [
+    (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
+                                       "needs 3 (one per server and worker)"),
+    ([], "cluster.launcher=slurm runs inside a Slurm allocation"),
+])
+def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate,
+                                                   message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        [*allocate, sys.executable, "-m", "kspipe.cli", *overrides(tmp_path, tiny_data),
+         "cluster.launcher=slurm", f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error")]
+    prefix = message.split("{}")[0]
+    assert prefix in line and message.split("{}")[-1] in line, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "mlflow.db").exists() or runs(tmp_path) == []
+    assert nothing_queued(slurm)

@@ -33,8 +33,10 @@ from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, launch_plan, run_cluster
+from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, job_plan, process_count, \
+    run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
+from kspipe.modes.slurm import check_launcher
 
 
 @hookimpl
@@ -334,6 +336,8 @@ class CollectiveLauncher(Role):
         if devices and isinstance(cfg.workers, int) and cfg.workers != len(devices):
             raise ConfigError(f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
                               f"a collective job runs one worker per GPU")
+        check_launcher(cfg.cluster.launcher,
+                       len(devices) if devices else process_count(cfg.workers, "workers"))
         self.cfg = cfg
         self.devices = devices
         self.hosts = job_hosts("collective", cfg)
@@ -348,9 +352,8 @@ class CollectiveLauncher(Role):
     def launch(self, reporter) -> dict:
         cfg = self.cfg
         workers = len(self.devices) if self.devices else cfg.workers
-        plan = launch_plan("collective", workers, host=cfg.cluster.host,
-                           threads=cfg.cluster.threads, devices=self.devices,
-                           log_dir=os.path.join(reporter.run_dir, "debug"))
+        plan = job_plan("collective", cfg, workers, threads=cfg.cluster.threads,
+                        devices=self.devices, log_dir=os.path.join(reporter.run_dir, "debug"))
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
         return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})",
                            hosts=self.hosts)

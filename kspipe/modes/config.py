@@ -27,6 +27,9 @@ class ClusterConfig:
     # the job's id, for processes a scheduler starts: they share outputs/job-<id> (default:
     # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
     job_id: Optional[str] = None
+    # who starts the processes: processes (this launcher, itself) | slurm (srun job steps,
+    # inside an allocation: kspipe/modes/slurm.py)
+    launcher: str = "processes"
 
 
 def register(store) -> None:

@@ -110,11 +110,13 @@ class Process:
 class Cluster:
     """The processes of one job on this host; started together, stopped together."""
 
-    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None):
+    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None,
+                 wrap=None):
         self.run_dir = run_dir
         self.log_dir = log_dir or os.path.join(run_dir, "logs")
         self.processes: list[Process] = []
         self.echo_first_worker = echo_first_worker
+        self.wrap = wrap  # wrap(role, index, command): how a scheduler starts it (srun ...)
 
     def start(self, role: str, index: int, env: dict, command: list[str] | None = None,
               cwd: str | None = None) -> Process:
@@ -125,6 +127,8 @@ class Cluster:
         log = open(log_path, "w", buffering=1)
         cmd = command or [sys.executable, "-u", "-m", "kspipe.worker",
                           os.path.join(self.run_dir, JOB_FILE)]
+        if self.wrap is not None:
+            cmd = self.wrap(role, index, cmd)
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, text=True,
                                  cwd=cwd or self.run_dir, preexec_fn=_die_with_parent)
@@ -287,7 +291,7 @@ def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=No
 
     run_dir = reporter.run_dir
     write_job(cfg, run_dir)
-    cluster = Cluster(run_dir)
+    cluster = Cluster(run_dir, wrap=slurm_steps(plan) if launcher(cfg) == "slurm" else None)
     link = HostLink(hosts, cfg.cluster.hosts_timeout_s) if hosts else None
     try:
         if link:
@@ -316,6 +320,41 @@ def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=No
         return json.load(f)
 
 
+def job_plan(kind: str, cfg, workers, servers=None, **options) -> list["Planned"]:
+    """The processes a ``kind`` job's launcher starts (:func:`launch_plan`'s ``options``):
+    this host's, or with ``cluster.launcher=slurm`` every process of the job, on the nodes
+    of the Slurm allocation it runs in (which the launcher checked: ``slurm.check_launcher``)."""
+    if launcher(cfg) != "slurm":
+        return launch_plan(kind, workers, servers, cfg.cluster.host, **options)
+    from kspipe.modes import slurm
+
+    counts = [process_count(workers, "workers"), process_count(servers or 0, "servers")
+              if kind == "pserver" else 0]
+    if any(parse_endpoints(v, k) is not None
+           for v, k in ((workers, "workers"), (servers or 1, "servers"))):
+        raise ConfigError("cluster.launcher=slurm places the processes itself: give workers "
+                          "and servers as counts")
+    server_eps, worker_eps = slurm.endpoints(counts[1], counts[0])
+    return launch_plan(kind, worker_eps, server_eps or None, every_host=True, **options)
+
+
+def launcher(cfg) -> str:
+    """Who starts the job's processes: ``processes`` (this one, itself) or ``slurm``."""
+    return cfg.cluster.get("launcher") or "processes"
+
+
+def slurm_steps(plan: list["Planned"]):
+    """Start each planned process as a Slurm job step on its node."""
+    from kspipe.modes import slurm
+
+    nodes = {(p.role, p.index): slurm.node_of(p.endpoint) for p in plan}
+
+    def wrap(role: str, index: int, command: list[str]) -> list[str]:
+        return slurm.step(nodes[role, index], f"kspipe-{role}.{index}", command)
+
+    return wrap
+
+
 def why_stopped(err: BaseException) -> str:
     """A launcher's failure, for the other hosts."""
     from kspipe.stopping import Preempted
@@ -340,7 +379,8 @@ class Planned:
 
 def launch_plan(kind: str, workers, servers=None, host: str | None = None,
                 meeting_dir: str | None = None, threads: int | None = None,
-                devices: list[int] | None = None, log_dir: str | None = None) -> list[Planned]:
+                devices: list[int] | None = None, log_dir: str | None = None,
+                every_host: bool = False) -> list[Planned]:
     """The processes this host starts for a ``kind`` ("pserver", "collective" or "local":
     one process of its own) job.
 
@@ -350,21 +390,23 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...), so a scheduler that sets the
     same variables can start the roles without kspipe, and ``OMP_NUM_THREADS`` so this
     host's workers share its cores (``threads`` each, default cores / local workers).
-    The ports of this host's processes are checked free.
+    The ports of this host's processes are checked free.  With ``every_host``, the plan
+    holds every host's processes (a scheduler starts each on its host).
     """
     if kind == "local":
         return [Planned("worker", 0, "", dict(os.environ, **{WORKDIR_ENV: workdir()}))]
     worker_eps = endpoints(workers, "workers")
     server_eps = endpoints(servers, "servers") if kind == "pserver" else []
     everyone = server_eps + worker_eps
-    here = this_host(host, everyone)
+    here = this_host(host, everyone) if not every_host else None
     local = [(role, i, e) for role, eps in (("server", server_eps), ("worker", worker_eps))
-             for i, e in enumerate(eps) if e.rpartition(":")[0] == here]
+             for i, e in enumerate(eps) if every_host or e.rpartition(":")[0] == here]
     if not local:
         raise ConfigError(f"no server or worker endpoint is on cluster.host={here}")
     for _, _, endpoint in local:
         address, _, port = endpoint.rpartition(":")
-        check_port_free(address, int(port))
+        if address in LOCAL_HOSTS or not every_host:
+            check_port_free(address, int(port))
     local_workers = sum(1 for role, _, _ in local if role == "worker")
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
     base = dict(os.environ, GLOG_minloglevel="2", **{WORKDIR_ENV: workdir()},
@@ -372,7 +414,7 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
                 PADDLE_TRAINERS_NUM=str(len(worker_eps)))
     if kind == "pserver":
         base.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
-                    PADDLE_PSERVER_NUMS=str(len(server_eps)), POD_IP=here,
+                    PADDLE_PSERVER_NUMS=str(len(server_eps)),
                     **fleet_gloo_env(meeting_dir, everyone))
     else:
         base[GLOO_ENDPOINT_ENV] = gloo_endpoint(workers, worker_eps)
@@ -385,7 +427,8 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
                    KSPIPE_THREADS=str(1 if role == "server" else threads))
         if kind == "pserver":
             env.update(TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
-                       PADDLE_TRAINER_ID=str(index if role == "worker" else 0))
+                       PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
+                       POD_IP=endpoint.rpartition(":")[0])
         else:
             env.update(PADDLE_TRAINER_ID=str(index), PADDLE_CURRENT_ENDPOINT=endpoint)
             if devices:

@@ -31,8 +31,9 @@ from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import launch_plan, process_count, run_cluster
+from kspipe.modes.launch import job_plan, process_count, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
+from kspipe.modes.slurm import check_launcher
 
 
 @hookimpl
@@ -427,6 +428,8 @@ class PserverLauncher(Role):
 
     def __init__(self, cfg):
         super().__init__()
+        check_launcher(cfg.cluster.launcher, process_count(cfg.workers, "workers")
+                       + process_count(cfg.servers, "servers"))
         self.cfg = cfg
         self.cluster = {"strategy": cfg.cluster.strategy}
         self.hosts = job_hosts("pserver", cfg)
@@ -444,10 +447,10 @@ class PserverLauncher(Role):
             saved = os.path.join(checkpoint.latest(user_path(cfg.resume)), checkpoint.TABLES)
             if os.path.isdir(saved):
                 check_manifest(saved, process_count(cfg.servers, "servers"))
-        plan = launch_plan("pserver", cfg.workers, cfg.servers, cfg.cluster.host,
-                           meeting_dir=os.path.join(reporter.run_dir, "gloo"),
-                           threads=cfg.cluster.threads,
-                           log_dir=os.path.join(reporter.run_dir, "debug"))
+        plan = job_plan("pserver", cfg, cfg.workers, cfg.servers,
+                        meeting_dir=os.path.join(reporter.run_dir, "gloo"),
+                        threads=cfg.cluster.threads,
+                        log_dir=os.path.join(reporter.run_dir, "debug"))
         servers = sum(1 for p in plan if p.role == "server")
         workers = len(plan) - servers
         if not servers and not workers:
