@@ -193,3 +193,52 @@ def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, 
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "mlflow.db").exists() or runs(tmp_path) == []
     assert nothing_queued(slurm)
+
+
+def job_processes(run: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"kspipe.worker {run}"], capture_output=True,
+                         text=True).stdout.split()
+    return [int(pid) for pid in out]
+
+
+def environment_of(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                if "=" in item)
+
+
+def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_data, slurm):
+    run = tmp_path / "run"
+    job = subprocess.Popen(
+        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
+         *overrides(tmp_path, tiny_data), "train.meta_iters=100000", "cluster.launcher=slurm",
+         f"run_dir={run}"],
+        cwd=tmp_path, env=dict(os.environ, **slurm), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        victim = None
+        while victim is None:
+            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
+            time.sleep(0.5)
+            log = run / "logs" / "worker.1.log"
+            if log.is_file() and "meta-train" in log.read_text(errors="replace"):
+                victim = next((pid for pid in job_processes(run)
+                               if environment_of(pid).get("TRAINING_ROLE") == "TRAINER"
+                               and environment_of(pid).get("PADDLE_TRAINER_ID") == "1"), None)
+        os.kill(victim, 9)
+        killed = time.monotonic()
+        _, stderr = job.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert took < 60, took
+    assert "kspipe: error: worker 1" in stderr, stderr[-3000:]
+    assert runs(tmp_path) == [("FAILED",)]
+    assert nothing_queued(slurm)
+    assert job_processes(run) == []
