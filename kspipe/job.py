@@ -49,19 +49,33 @@ def job_id(given: str | None = None, env=os.environ) -> str:
 
 
 def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
-               env=os.environ) -> str:
-    """Where a command run with the Hydra config writes: ``run_dir`` if given; for a role
-    started by a scheduler, the job's folder; else a new folder named by the time."""
+               launcher: str | None = None, env=os.environ) -> str:
+    """Where a command run with the Hydra config writes: ``run_dir`` if given; the job's
+    folder for a role started by a scheduler, and for a ``cluster.launcher=slurm`` job in
+    its allocation (a requeued job finds its checkpoints there); else a new folder named
+    by the time."""
     if run_dir:
         return os.path.expanduser(str(run_dir))
-    if role_from_environment(env):
+    if role_from_environment(env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env))
         return os.path.join("outputs", f"job-{name}")
     return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
 
 
+def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
+    """The run folder to resume from when Slurm requeued this ``cluster.launcher=slurm``
+    job (``SLURM_RESTART_COUNT``) and its run folder holds a checkpoint, else None."""
+    from kspipe import checkpoint
+
+    if (cfg.cluster.get("launcher") != "slurm" or not int(env.get("SLURM_RESTART_COUNT") or 0)
+            or cfg.get("resume") or cfg.get("init_from")):
+        return None
+    return run_dir if checkpoint.checkpoints(os.path.join(run_dir, "checkpoints")) else None
+
+
 def register_resolver() -> None:
-    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>}`` known to OmegaConf."""
+    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>}`` known to
+    OmegaConf."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read

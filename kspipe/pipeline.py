@@ -16,12 +16,15 @@ import json
 import os
 import time
 
+from omegaconf import open_dict
+
 from kspipe import config as kconfig
 from kspipe import incremental
 from kspipe.errors import ConfigError
+from kspipe.job import requeued_checkpoint
 from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
                                    stage_caller)
-from kspipe.reporting import Reporter
+from kspipe.reporting import Reporter, say
 
 
 def run(cfg, pm=None) -> dict:
@@ -30,6 +33,12 @@ def run(cfg, pm=None) -> dict:
     Raises :class:`kspipe.errors.KspipeError` for a problem the user can fix.
     """
     pm = pm or get_plugin_manager()
+    requeued = requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir or default_run_dir()))
+    if requeued:
+        with open_dict(cfg):
+            cfg.resume = requeued
+        say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
+            f"resumes from its latest checkpoint in {requeued}")
     kconfig.validate(cfg)
     check_mode(pm, cfg.mode)
     pm.hook.kspipe_check_config(cfg=cfg)

@@ -242,3 +242,59 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
     assert runs(tmp_path) == [("FAILED",)]
     assert nothing_queued(slurm)
     assert job_processes(run) == []
+
+
+def wait_for(condition, timeout: float, what, poll: float = 0.5) -> None:
+    """Wait until ``condition()``; fail with ``what()`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what()
+        time.sleep(poll)
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.is_file() else f"no {path}"
+
+
+def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, tiny_data,
+                                                                      slurm):
+    """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
+    KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>, and
+    ends with the weights of a run never interrupted."""
+    long = ["train.meta_iters=40", "train.checkpoint_every=4", "train.keep_checkpoints=10",
+            "eval.interval=0"]
+    job = [*overrides(tmp_path, tiny_data), *long]
+    whole = tmp_path / "whole"
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, f"run_dir={whole}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(whole / "checkpoints" / "checkpoint-0000040" / "state.pdparams", "rb") as f:
+        expected = pickle.load(f)
+
+    script = tmp_path / "job.sbatch"
+    command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "kspipe.cli", *job,
+                                          "cluster.launcher=slurm"])
+    script.write_text(f"#!/bin/bash\n#SBATCH -n 3\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+                      f"#SBATCH -o {tmp_path}/slurm-%j.out\nexec {command}\n")
+    submitted = slurm_command(slurm, "sbatch", "--parsable", f"--chdir={tmp_path}", str(script))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    run = tmp_path / "outputs" / f"job-{job_id}"
+    out = tmp_path / f"slurm-{job_id}.out"
+    wait_for(lambda: (run / "checkpoints" / "checkpoint-0000008").is_dir(), 300,
+             lambda: f"no checkpoint: {tail(out)}")
+    assert slurm_command(slurm, "scontrol", "requeue", job_id).returncode == 0
+    # Slurm holds a requeued job ~2 minutes (BeginTime); let it go at once
+    wait_for(lambda: slurm_command(slurm, "squeue", "-h", "-j", job_id, "-o", "%r").stdout
+             .strip() == "BeginTime", 120, lambda: f"the job was not requeued: {tail(out)}")
+    slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    wait_for(lambda: nothing_queued(slurm), 600,
+             lambda: f"the requeued job did not finish: {tail(out)}")
+    output = out.read_text()
+    assert "Slurm requeued the job (restart 1): it resumes from its latest checkpoint" in output
+    # the uninterrupted run's, the job's first (stopped by the requeue) and its second
+    assert runs(tmp_path) == [("FINISHED",), ("FINISHED",), ("KILLED",)], output[-3000:]
+    with open(run / "checkpoints" / "checkpoint-0000040" / "state.pdparams", "rb") as f:
+        got = pickle.load(f)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
