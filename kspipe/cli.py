@@ -188,7 +188,9 @@ def hydra_main(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from kspipe.pipeline import run
+    from kspipe.files import workdir
+    from kspipe.modes import slurm
+    from kspipe.pipeline import check, run
     from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
 
@@ -200,6 +202,12 @@ def hydra_main(cfg) -> float:
         if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
             cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        if slurm.submits(cfg):  # outside an allocation: sbatch runs it
+            check(cfg, _pm)
+            job = slurm.submit(cfg, cfg.run_dir, workdir())
+            print(f"kspipe: submitted Slurm job {job}; follow it with squeue -j {job} and "
+                  f"{os.path.join(cfg.run_dir, f'slurm-{job}.out')}", flush=True)
+            return worst_value(hydra_cfg)
         metrics = run(cfg, _pm)
     except KspipeError as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:  # report, and let the other jobs run

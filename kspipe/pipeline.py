@@ -39,16 +39,8 @@ def run(cfg, pm=None) -> dict:
             cfg.resume = requeued
         say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
             f"resumes from its latest checkpoint in {requeued}")
-    kconfig.validate(cfg)
-    check_mode(pm, cfg.mode)
-    pm.hook.kspipe_check_config(cfg=cfg)
-    incremental.check_source(cfg)  # before any process starts
+    workload = check(cfg, pm)
     stages = Stages(pm, cfg)
-    workload = describe_workload(pm, cfg)
-    if cfg.get("init_from") and not workload.starts_from:
-        raise ConfigError(f"init_from={cfg.init_from}: the {workload.name} workload does not "
-                          f"start from a saved model (its execute stage would have to call "
-                          f"kspipe.incremental.start_from)")
 
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
     role = stages.call("role", cfg=cfg)
@@ -69,6 +61,21 @@ def run(cfg, pm=None) -> dict:
         raise
     pm.hook.kspipe_run_end(cfg=cfg, metrics=metrics, run_dir=run_dir)
     return metrics
+
+
+def check(cfg, pm):
+    """Every check of ``cfg`` made before anything starts (a :class:`ConfigError` in one
+    line); the workload it runs (its :class:`kspipe.contracts.Workload`)."""
+    kconfig.validate(cfg)
+    check_mode(pm, cfg.mode)
+    pm.hook.kspipe_check_config(cfg=cfg)
+    incremental.check_source(cfg)  # before any process starts
+    workload = describe_workload(pm, cfg)
+    if cfg.get("init_from") and not workload.starts_from:
+        raise ConfigError(f"init_from={cfg.init_from}: the {workload.name} workload does not "
+                          f"start from a saved model (its execute stage would have to call "
+                          f"kspipe.incremental.start_from)")
+    return workload
 
 
 class Stages:

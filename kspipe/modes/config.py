@@ -7,8 +7,8 @@ type while it composes the config; the modes check the values themselves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 
 @dataclass
@@ -30,6 +30,7 @@ class ClusterConfig:
     # who starts the processes: processes (this launcher, itself) | slurm (srun job steps,
     # inside an allocation: kspipe/modes/slurm.py)
     launcher: str = "processes"
+    slurm_args: List[str] = field(default_factory=list)  # sbatch options, when kspipe submits
 
 
 def register(store) -> None:

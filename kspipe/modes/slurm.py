@@ -8,6 +8,12 @@ run side by side, each on its own CPUs).  The launcher watches the steps as it w
 own processes (kspipe/modes/launch.py): their output is each role's log, one that fails
 stops the rest, and the steps end with it, so nothing is left in ``squeue``.
 
+Outside an allocation, the ``kspipe`` command submits the job with ``sbatch`` instead
+(:func:`submit`): a script in the run folder that runs the same resolved config as the
+launcher inside the allocation it gets, requeueable, with SIGTERM 60 s before its time
+limit, and its output in the run folder.  ``cluster.slurm_args`` adds sbatch options
+(``['--partition=gpu','--time=2:00:00']``).
+
 Ports: the processes on the launcher's node take ports free there; another node's take
 the same numbers (nodes of one allocation are alike; Slurm has no way to ask).
 """
@@ -15,9 +21,11 @@ the same numbers (nodes of one allocation are alike; Slurm has no way to ask).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 
 from kspipe.errors import ConfigError
 
@@ -91,3 +99,51 @@ def step(node: str, name: str, command: list[str]) -> list[str]:
     """``command`` as a job step of one task on ``node``."""
     return ["srun", "--nodes=1", "--ntasks=1", "--exact", f"--nodelist={node}", "--quiet",
             "--kill-on-bad-exit=1", f"--job-name={name}", *command]
+
+
+def submits(cfg, env=os.environ) -> bool:
+    """Whether the ``kspipe`` command should submit this job rather than run it: a
+    distributed mode with ``cluster.launcher=slurm``, outside an allocation."""
+    from kspipe.job import role_from_environment
+
+    return (cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "slurm"
+            and not env.get("SLURM_JOB_ID") and not role_from_environment(env))
+
+
+def processes(cfg) -> int:
+    """How many processes (tasks) the job needs."""
+    from kspipe.modes.launch import process_count
+
+    count = process_count(cfg.workers, "workers")
+    return count + (process_count(cfg.servers, "servers") if cfg.mode == "pserver" else 0)
+
+
+def submit(cfg, run_dir: str, workdir: str) -> str:
+    """Submit the job with ``sbatch``; its id.  The script and the config it runs are
+    written into ``run_dir``."""
+    from omegaconf import OmegaConf
+
+    if shutil.which("sbatch") is None:
+        raise ConfigError("cluster.launcher=slurm: Slurm's sbatch is not on PATH (install "
+                          "Slurm's client, or use cluster.launcher=processes)")
+    os.makedirs(run_dir, exist_ok=True)
+    job = OmegaConf.to_container(cfg, resolve=True)
+    job["run_dir"] = run_dir
+    config = os.path.join(run_dir, "submitted.yaml")
+    OmegaConf.save(OmegaConf.create(job), config)
+    script = os.path.join(run_dir, "kspipe.sbatch")
+    options = ["--job-name=kspipe", f"--ntasks={processes(cfg)}", "--requeue",
+               "--signal=B:TERM@60", "--open-mode=append",
+               f"--output={os.path.join(run_dir, 'slurm-%j.out')}", f"--chdir={workdir}",
+               *[str(a) for a in cfg.cluster.get("slurm_args") or []]]
+    with open(script, "w") as f:
+        f.write("#!/bin/bash\n")
+        f.write("".join(f"#SBATCH {option}\n" for option in options))
+        f.write("# the launcher of the job, in the allocation (it starts the roles with srun)\n")
+        f.write(f"exec {shlex.join([sys.executable, '-m', 'kspipe.worker', config])}\n")
+    out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True,
+                         timeout=120)
+    if out.returncode:
+        said = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        raise ConfigError(f"sbatch refused the job ({script}): {said[-1]}")
+    return out.stdout.strip().split(";")[0]
