@@ -332,3 +332,23 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny
     for name, value in launched.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert runs(tmp_path) == [("FINISHED",)], tail(run / f"slurm-{job}.out")
+
+
+def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
+        tmp_path, tiny_data, slurm):
+    job = ["+experiment=omniglot_5way", f"train.meta_iters={ITERATIONS}",
+           *[o for o in tiny_overrides(tmp_path, tiny_data) if not o.startswith("run_dir=")],
+           "mode=collective", "workers=2"]
+    weights = {}
+    for name, command in (("processes", []), ("slurm", ["salloc", "-n", "2", "--quiet"])):
+        run = tmp_path / name
+        result = subprocess.run(
+            [*command, sys.executable, "-m", "kspipe.cli", *job, f"cluster.launcher={name}",
+             f"run_dir={run}"], cwd=tmp_path, env=dict(os.environ, **slurm),
+            capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        weights[name] = final_weights(run)
+    for name, value in weights["processes"].items():
+        np.testing.assert_array_equal(weights["slurm"][name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",), ("FINISHED",)]
+    assert nothing_queued(slurm)
