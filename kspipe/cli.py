@@ -189,7 +189,7 @@ def hydra_main(cfg) -> float:
     from hydra.types import RunMode
 
     from kspipe.files import workdir
-    from kspipe.modes import slurm
+    from kspipe.modes import kubernetes, slurm
     from kspipe.pipeline import check, run
     from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
@@ -202,6 +202,12 @@ def hydra_main(cfg) -> float:
         if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
             cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        if kubernetes.writes(cfg):  # the operator starts the pods, each a role
+            check(cfg, _pm)
+            path = kubernetes.write(cfg, list(hydra_cfg.overrides.task), cfg.run_dir)
+            print(f"kspipe: wrote the PaddleJob {path}; start it with kubectl apply -f {path}",
+                  flush=True)
+            return worst_value(hydra_cfg)
         if slurm.submits(cfg):  # outside an allocation: sbatch runs it
             check(cfg, _pm)
             job = slurm.submit(cfg, cfg.run_dir, workdir())

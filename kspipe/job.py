@@ -26,14 +26,17 @@ RESOLVER = "kspipe_run_dir"
 SCHEDULER_IDS = ("PADDLE_JOB_ID", "SLURM_JOB_ID")
 
 
-def role_from_environment(env=os.environ) -> str | None:
-    """``"pserver"`` or ``"collective"`` when this process was given a role by its
-    environment (Paddle's contract), else None."""
-    if env.get("TRAINING_ROLE"):
-        return "pserver"
-    if env.get("PADDLE_TRAINER_ID") is not None and env.get("PADDLE_TRAINER_ENDPOINTS"):
-        return "collective"
-    return None
+def role_from_environment(mode: str | None, env=os.environ) -> bool:
+    """Whether this process was given its role in a ``mode`` job by its environment
+    (Paddle's contract): ``TRAINING_ROLE`` for a parameter-server job; for a collective one
+    ``PADDLE_TRAINER_ID`` with ``PADDLE_TRAINER_ENDPOINTS`` (a collective PaddleJob's pods
+    have a ``TRAINING_ROLE=TRAINER`` as well)."""
+    if mode == "pserver":
+        return bool(env.get("TRAINING_ROLE"))
+    if mode == "collective":
+        return (env.get("PADDLE_TRAINER_ID") is not None
+                and bool(env.get("PADDLE_TRAINER_ENDPOINTS")))
+    return False
 
 
 def job_id(given: str | None = None, env=os.environ) -> str:
@@ -49,14 +52,14 @@ def job_id(given: str | None = None, env=os.environ) -> str:
 
 
 def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
-               launcher: str | None = None, env=os.environ) -> str:
+               launcher: str | None = None, mode: str | None = None, env=os.environ) -> str:
     """Where a command run with the Hydra config writes: ``run_dir`` if given; the job's
     folder for a role started by a scheduler, and for a ``cluster.launcher=slurm`` job in
     its allocation (a requeued job finds its checkpoints there); else a new folder named
     by the time."""
     if run_dir:
         return os.path.expanduser(str(run_dir))
-    if role_from_environment(env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
+    if role_from_environment(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env))
         return os.path.join("outputs", f"job-{name}")
     return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
@@ -74,8 +77,8 @@ def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
 
 
 def register_resolver() -> None:
-    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>}`` known to
-    OmegaConf."""
+    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>,<mode>}``
+    known to OmegaConf."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read

@@ -177,7 +177,7 @@ def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
 @pytest.mark.parametrize("allocate, message", [
     (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
                                        "needs 3 (one per server and worker)"),
-    ([], "cluster.launcher='nope' is not one of processes, slurm"),
+    ([], "cluster.launcher='nope' is not one of processes, slurm, paddlejob"),
 ])
 def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate,
                                                    message):
@@ -352,3 +352,83 @@ def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
         np.testing.assert_array_equal(weights["slurm"][name], value, err_msg=name)
     assert runs(tmp_path) == [("FINISHED",), ("FINISHED",)]
     assert nothing_queued(slurm)
+
+
+
+# --- Kubernetes: a PaddleJob ---------------------------------------------------------
+
+#: paddle-operator's constants (controllers/paddlejob_controller.go): every pod's port, and
+#: how many it may use (gloo's HTTP store is on the first server's port + 18)
+OPERATOR_PORT, OPERATOR_PORTS = 36000, 20
+
+
+def operator_environments(job: dict) -> list[tuple[str, dict]]:
+    """Each pod of ``job`` (a PaddleJob) with the environment paddle-operator gives it
+    (its ConfigMap, POD_IP, PADDLE_TRAINER_ID, TRAINING_ROLE), pod IPs on loopback."""
+    spec = job["spec"]
+    kinds = [("ps", "PSERVER"), ("worker", "TRAINER")]
+    pods, address = [], 2
+    for kind, role in kinds:
+        for index in range(spec[kind]["replicas"] if kind in spec else 0):
+            pods.append((kind, index, role, f"127.0.0.{address}"))
+            address += 1
+    servers = [f"{ip}:{OPERATOR_PORT}" for kind, _, _, ip in pods if kind == "ps"]
+    workers = [f"{ip}:{OPERATOR_PORT}" for kind, _, _, ip in pods if kind == "worker"]
+    config_map = {"TRAINER_PORTS_NUM": str(OPERATOR_PORTS), "PADDLE_PORT": str(OPERATOR_PORT),
+                  "PADDLE_TRAINER_ENDPOINTS": ",".join(workers),
+                  "PADDLE_TRAINERS": ",".join(w.rpartition(":")[0] for w in workers),
+                  "PADDLE_TRAINERS_NUM": str(len(workers))}
+    if servers:
+        config_map["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(servers)
+        if spec.get("withGloo", 0) > 0:
+            host = servers[0].rpartition(":")[0]
+            config_map.update(PADDLE_WITH_GLOO=str(spec["withGloo"]), PADDLE_GLOO_RENDEZVOUS="3",
+                              PADDLE_GLOO_HTTP_ENDPOINT=f"{host}:{OPERATOR_PORT + OPERATOR_PORTS - 2}")
+    out = []
+    for kind, index, role, ip in pods:
+        (container,) = spec[kind]["template"]["spec"]["containers"]
+        env = {**config_map, "POD_IP": ip, "PADDLE_TRAINER_ID": str(index),
+               "TRAINING_ROLE": role, "PADDLE_TRAINING_ROLE": role,
+               **{e["name"]: e["value"] for e in container.get("env", [])}}
+        out.append((f"{kind}-{index}", {"command": container["command"], "env": env}))
+    return out
+
+
+def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
+        tmp_path, tiny_data, launched):
+    import yaml
+
+    wrote = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli", *overrides(tmp_path, tiny_data),
+         "cluster.launcher=paddlejob", "cluster.image=registry.example/kspipe:1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert wrote.returncode == 0, wrote.stderr[-3000:]
+    (line,) = [line for line in wrote.stdout.splitlines() if "PaddleJob" in line]
+    path = Path(line.split("kubectl apply -f ")[1])
+    assert line == f"kspipe: wrote the PaddleJob {path}; start it with kubectl apply -f {path}"
+    job = yaml.safe_load(path.read_text())
+    assert (job["apiVersion"], job["kind"]) == ("batch.paddlepaddle.org/v1", "PaddleJob")
+    assert (job["spec"]["ps"]["replicas"], job["spec"]["worker"]["replicas"]) == (1, 2)
+    assert runs(tmp_path) == [] if (tmp_path / "mlflow.db").exists() else True
+
+    pods = []
+    try:
+        for name, pod in operator_environments(job):
+            command = pod["command"]
+            assert command[0] == "kspipe"
+            pods.append(subprocess.Popen(
+                [sys.executable, "-m", "kspipe.cli", *command[1:]], cwd=tmp_path,
+                env=dict(os.environ, **pod["env"], **THREADS), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+            time.sleep(1.0)  # pods start when Kubernetes gets to them
+        outputs = [p.communicate(timeout=300)[0] for p in pods]
+    finally:
+        for p in pods:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in pods] == [0, 0, 0], outputs[-1][-3000:]
+    folder = tmp_path / "outputs" / f"job-{job['metadata']['name']}"
+    got = final_weights(folder)
+    for name, value in launched.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",)]

@@ -42,7 +42,7 @@ from kspipe.modes.slurm import check_launcher
 @hookimpl
 def kspipe_assign_role(cfg):
     devices = gpu_devices(cfg)
-    if role_from_environment() == "collective":
+    if role_from_environment("collective"):
         check_environment("collective")
         return CollectiveRole()
     return CollectiveLauncher(cfg, devices)

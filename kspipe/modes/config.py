@@ -28,9 +28,11 @@ class ClusterConfig:
     # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
     job_id: Optional[str] = None
     # who starts the processes: processes (this launcher, itself) | slurm (srun job steps,
-    # inside an allocation: kspipe/modes/slurm.py)
+    # inside an allocation: kspipe/modes/slurm.py) | paddlejob (a Kubernetes PaddleJob
+    # manifest to apply: kspipe/modes/kubernetes.py)
     launcher: str = "processes"
     slurm_args: List[str] = field(default_factory=list)  # sbatch options, when kspipe submits
+    image: Optional[str] = None  # launcher=paddlejob: the pods' container image
 
 
 def register(store) -> None:

@@ -44,7 +44,7 @@ def kspipe_check_config(cfg):
 
 @hookimpl
 def kspipe_assign_role(cfg):
-    if role_from_environment() == "pserver":
+    if role_from_environment("pserver"):
         check_environment("pserver")
         return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
                                 wait_push=cfg.cluster.wait_push))

@@ -29,7 +29,7 @@ import sys
 
 from kspipe.errors import ConfigError
 
-LAUNCHERS = ("processes", "slurm")
+LAUNCHERS = ("processes", "slurm", "paddlejob")
 
 
 def check_launcher(name: str, processes: int) -> None:
@@ -39,6 +39,9 @@ def check_launcher(name: str, processes: int) -> None:
         raise ConfigError(f"cluster.launcher={name!r} is not one of {', '.join(LAUNCHERS)}")
     if name == "slurm":
         check_allocation(processes)
+    if name == "paddlejob":
+        raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
+                          "PaddleJob manifest; Kubernetes starts its processes")
 
 
 def check_allocation(processes: int, env=os.environ) -> None:
@@ -107,7 +110,7 @@ def submits(cfg, env=os.environ) -> bool:
     from kspipe.job import role_from_environment
 
     return (cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "slurm"
-            and not env.get("SLURM_JOB_ID") and not role_from_environment(env))
+            and not env.get("SLURM_JOB_ID") and not role_from_environment(cfg.mode, env))
 
 
 def processes(cfg) -> int:

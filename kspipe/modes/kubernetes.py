@@ -1,0 +1,70 @@
+"""``cluster.launcher=paddlejob``: the job as a Kubernetes ``PaddleJob`` (paddle-operator).
+
+kspipe does not talk to Kubernetes: it writes the manifest, ``<run>/paddlejob.yaml``, and
+says how to apply it.  The operator starts one pod per server (``spec.ps``) and per worker
+(``spec.worker``) and injects Paddle's environment contract into each (``POD_IP``,
+``PADDLE_TRAINER_ID``, ``TRAINING_ROLE``, and from the job's ConfigMap
+``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_TRAINER_ENDPOINTS``, ``PADDLE_PORT``, gloo's
+``PADDLE_WITH_GLOO``...; ``withGloo: 1`` asks for those).  Every pod runs the same
+``kspipe <overrides>`` as the command that wrote the manifest, with ``cluster.job_id`` the
+job's name, so its processes share one run folder, ``outputs/job-<name>`` (kspipe/job.py):
+give the pods a shared volume as their working folder (or ``run_dir=`` on one) and a
+``tracking.uri`` they all reach.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from kspipe.errors import ConfigError
+
+API_VERSION = "batch.paddlepaddle.org/v1"
+
+
+def writes(cfg) -> bool:
+    """Whether the ``kspipe`` command should write the manifest rather than run the job."""
+    return cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "paddlejob"
+
+
+def pod_command(overrides: list[str], name: str) -> list[str]:
+    """What every pod runs: the overrides given, with the job's id and no launcher."""
+    kept = [o for o in overrides
+            if o.lstrip("+~").partition("=")[0] not in ("cluster.launcher", "cluster.job_id",
+                                                        "cluster.image")]
+    return ["kspipe", *kept, f"cluster.job_id={name}"]
+
+
+def manifest(cfg, overrides: list[str], name: str) -> dict:
+    """The ``PaddleJob`` of this job: ``spec.ps`` (pserver) and ``spec.worker`` replicas,
+    gloo, the image, and the pods' command."""
+    from kspipe.modes.launch import process_count
+
+    if not cfg.cluster.get("image"):
+        raise ConfigError("cluster.launcher=paddlejob: cluster.image names the container image "
+                          "the pods run (one with kspipe and its plugins installed)")
+
+    def replicas(count: int) -> dict:
+        container = {"name": "kspipe", "image": str(cfg.cluster.image),
+                     "command": pod_command(overrides, name)}
+        return {"replicas": count, "template": {"spec": {"containers": [container]}}}
+
+    spec = {"withGloo": 1, "intranet": "PodIP", "cleanPodPolicy": "OnCompletion"}
+    if cfg.mode == "pserver":
+        spec["ps"] = replicas(process_count(cfg.servers, "servers"))
+    spec["worker"] = replicas(process_count(cfg.workers, "workers"))
+    return {"apiVersion": API_VERSION, "kind": "PaddleJob", "metadata": {"name": name},
+            "spec": spec}
+
+
+def write(cfg, overrides: list[str], run_dir: str) -> str:
+    """Write ``<run_dir>/paddlejob.yaml``; its path."""
+    import yaml
+
+    name = cfg.cluster.get("job_id") or time.strftime("kspipe-%Y%m%d-%H%M%S")
+    job = manifest(cfg, overrides, str(name))
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "paddlejob.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(job, f, sort_keys=False)
+    return path
