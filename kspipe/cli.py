@@ -197,7 +197,9 @@ def hydra_main(cfg) -> float:
     hydra_cfg = HydraConfig.get()
     job = job_label(hydra_cfg.overrides.task) if hydra_cfg.mode == RunMode.MULTIRUN else None
     with open_dict(cfg):
-        cfg.run_dir = cfg.run_dir or hydra_cfg.runtime.output_dir
+        # a run's folder is Hydra's (hydra.run.dir: kspipe.job.run_folder, run_dir expanded)
+        cfg.run_dir = (hydra_cfg.runtime.output_dir if hydra_cfg.mode == RunMode.RUN
+                       else cfg.run_dir or hydra_cfg.runtime.output_dir)
         cfg.tracking.run_name = cfg.tracking.run_name or job
         if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
             cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN

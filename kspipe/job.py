@@ -6,8 +6,9 @@ process of a job itself, with Paddle's environment contract (``TRAINING_ROLE``,
 ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...) and the same ``kspipe
 <overrides>``.  Such processes start seconds apart and never talk before training, so
 they agree on their run folder by naming it after the job: ``outputs/job-<id>``, where
-the id is ``cluster.job_id`` if given, else the scheduler's (``PADDLE_JOB_ID``,
-``SLURM_JOB_ID``), else a digest of the job's endpoint lists (the same in all of its
+the id is ``cluster.job_id`` if given, else the scheduler's (``PADDLE_JOB_ID``, or
+``SLURM_JOB_ID`` with a digest of the command's overrides), else a digest of the job's
+endpoint lists (the same in all of its
 processes, and different for every job running at once).  One run folder means one
 MLflow run: the first worker records it.
 
@@ -23,7 +24,6 @@ import re
 import time
 
 RESOLVER = "kspipe_run_dir"
-SCHEDULER_IDS = ("PADDLE_JOB_ID", "SLURM_JOB_ID")
 
 
 def role_from_environment(mode: str | None, env=os.environ) -> bool:
@@ -39,20 +39,29 @@ def role_from_environment(mode: str | None, env=os.environ) -> bool:
     return False
 
 
-def job_id(given: str | None = None, env=os.environ) -> str:
-    """The id of the job this process belongs to (see the module's text)."""
+def job_id(given: str | None = None, env=os.environ, overrides: str = "") -> str:
+    """The id of the job this process belongs to (see the module's text).  An allocation's
+    id (``SLURM_JOB_ID``) may hold several commands: a digest of ``overrides`` (the
+    command's) tells them apart, and stays the same for a requeued job."""
     if given:
         return str(given)
-    for name in SCHEDULER_IDS:
-        if env.get(name):
-            return env[name]
-    endpoints = "|".join(env.get(name, "") for name in
-                         ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS"))
-    return hashlib.sha1(endpoints.encode()).hexdigest()[:12]
+    if env.get("PADDLE_JOB_ID"):
+        return env["PADDLE_JOB_ID"]
+    if env.get("SLURM_JOB_ID"):
+        return f"{env['SLURM_JOB_ID']}-{digest(overrides)}"
+    endpoints = "|".join(",".join(e.strip() for e in env.get(name, "").split(","))
+                         for name in ("PADDLE_PSERVERS_IP_PORT_LIST",
+                                      "PADDLE_TRAINER_ENDPOINTS"))
+    return digest(endpoints, 12)
+
+
+def digest(text: str, length: int = 8) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
 def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
-               launcher: str | None = None, mode: str | None = None, env=os.environ) -> str:
+               launcher: str | None = None, mode: str | None = None, overrides: str = "",
+               env=os.environ) -> str:
     """Where a command run with the Hydra config writes: ``run_dir`` if given; the job's
     folder for a role started by a scheduler, and for a ``cluster.launcher=slurm`` job in
     its allocation (a requeued job finds its checkpoints there); else a new folder named
@@ -60,25 +69,26 @@ def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
     if run_dir:
         return os.path.expanduser(str(run_dir))
     if role_from_environment(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env))
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env, overrides))
         return os.path.join("outputs", f"job-{name}")
     return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
 
 
 def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
     """The run folder to resume from when Slurm requeued this ``cluster.launcher=slurm``
-    job (``SLURM_RESTART_COUNT``) and its run folder holds a checkpoint, else None."""
+    job (``SLURM_RESTART_COUNT``) and its run folder holds a checkpoint, else None.  The
+    job's own checkpoint wins over a ``resume`` or ``init_from`` it was started with: those
+    were its start, and it has gone on since."""
     from kspipe import checkpoint
 
-    if (cfg.cluster.get("launcher") != "slurm" or not int(env.get("SLURM_RESTART_COUNT") or 0)
-            or cfg.get("resume") or cfg.get("init_from")):
+    if cfg.cluster.get("launcher") != "slurm" or not int(env.get("SLURM_RESTART_COUNT") or 0):
         return None
     return run_dir if checkpoint.checkpoints(os.path.join(run_dir, "checkpoints")) else None
 
 
 def register_resolver() -> None:
-    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>,<mode>}``
-    known to OmegaConf."""
+    """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>,<mode>,
+    <the command's overrides>}`` known to OmegaConf."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read

@@ -36,7 +36,7 @@ def run(cfg, pm=None) -> dict:
     requeued = requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir or default_run_dir()))
     if requeued:
         with open_dict(cfg):
-            cfg.resume = requeued
+            cfg.resume, cfg.init_from = requeued, None
         say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
             f"resumes from its latest checkpoint in {requeued}")
     workload = check(cfg, pm)

@@ -207,13 +207,13 @@ def local_slurm(folder: Path):
                                       ctld_port=ctld_port, slurmd_port=slurmd_port))
     env = {"SLURM_CONF": str(conf)}
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    started_munge = bool(subprocess.run(["pgrep", "-x", "munged"],
-                                        capture_output=True).returncode)
-    if started_munge:
-        subprocess.run(["munged", "--force"], check=True, capture_output=True)
-    for daemon in ("slurmctld", "slurmd"):
-        subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True)
+    munge_pid = folder / "munged.pid"
     try:
+        if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
+            subprocess.run(["munged", "--force", f"--pid-file={munge_pid}"], check=True,
+                           capture_output=True)
+        for daemon in ("slurmctld", "slurmd"):
+            subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True)
         deadline = time.monotonic() + 60
         while True:
             state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=dict(os.environ, **env),
@@ -228,12 +228,30 @@ def local_slurm(folder: Path):
     finally:
         subprocess.run(["scancel", "--full", "--user=root"], env=dict(os.environ, **env),
                        capture_output=True)
-        for daemon in ("slurmd", "slurmctld"):
-            pid_file = folder / f"{daemon}.pid"
-            if pid_file.is_file():
-                try:
-                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
-                except (ValueError, ProcessLookupError):
-                    pass
-        if started_munge:
-            subprocess.run(["pkill", "-x", "munged"], capture_output=True)
+        for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", munge_pid):
+            stop_daemon(pid_file)
+
+
+def stop_daemon(pid_file: Path, grace_s: float = 10.0) -> None:
+    """SIGTERM to the daemon ``pid_file`` names, if any; SIGKILL if it is still there after
+    ``grace_s``."""
+    import time
+
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        if "\nState:\tZ" in status:  # exited; its parent has yet to reap it
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass

@@ -152,8 +152,15 @@ def slurm_command(env: dict, *command, timeout=600) -> subprocess.CompletedProce
                           text=True, timeout=timeout)
 
 
-def nothing_queued(env: dict) -> bool:
-    return slurm_command(env, "squeue", "-h").stdout.strip() == ""
+def nothing_queued(env: dict, within_s: float = 30) -> bool:
+    """Whether Slurm's queue empties within ``within_s`` (a job that ended may still be
+    completing for a moment)."""
+    deadline = time.monotonic() + within_s
+    while slurm_command(env, "squeue", "-h").stdout.strip():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
@@ -241,6 +248,7 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
                 victim = next((pid for pid in job_processes(run, tasks_only=True)
                                if environment_of(pid).get("TRAINING_ROLE") == "TRAINER"
                                and environment_of(pid).get("PADDLE_TRAINER_ID") == "1"), None)
+        assert environment_of(victim).get("SLURM_STEP_ID"), "the role is not a job step"
         os.kill(victim, 9)
         killed = time.monotonic()
         _, stderr = job.communicate(timeout=120)
@@ -252,7 +260,7 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
     assert "kspipe: error: worker 1" in stderr, stderr[-3000:]
     assert runs(tmp_path) == [("FAILED",)]
     # within a minute of the kill: the job ended, and left nothing queued or running
-    wait_for(lambda: nothing_queued(slurm) and job_processes(run) == [], 60 - took,
+    wait_for(lambda: nothing_queued(slurm, 0) and job_processes(run) == [], 60 - took,
              lambda: f"left: {[command_of(p) for p in job_processes(run)]}")
 
 
@@ -271,16 +279,16 @@ def tail(path: Path) -> str:
 def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, tiny_data,
                                                                       slurm):
     """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
-    KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>, and
+    KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>-..., and
     ends with the weights of a run never interrupted."""
-    long = ["train.meta_iters=40", "train.checkpoint_every=4", "train.keep_checkpoints=10",
+    long = ["train.meta_iters=80", "train.checkpoint_every=4", "train.keep_checkpoints=20",
             "eval.interval=0"]
     job = [*overrides(tmp_path, tiny_data), *long]
     whole = tmp_path / "whole"
     result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, f"run_dir={whole}"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    with open(whole / "checkpoints" / "checkpoint-0000040" / "state.pdparams", "rb") as f:
+    with open(whole / "checkpoints" / "checkpoint-0000080" / "state.pdparams", "rb") as f:
         expected = pickle.load(f)
 
     script = tmp_path / "job.sbatch"
@@ -291,10 +299,14 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
     submitted = slurm_command(slurm, "sbatch", "--parsable", f"--chdir={tmp_path}", str(script))
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
-    run = tmp_path / "outputs" / f"job-{job_id}"
     out = tmp_path / f"slurm-{job_id}.out"
-    wait_for(lambda: (run / "checkpoints" / "checkpoint-0000008").is_dir(), 300,
-             lambda: f"no checkpoint: {tail(out)}")
+
+    def run_folders():  # outputs/job-<id>-<the command's digest>
+        return list((tmp_path / "outputs").glob(f"job-{job_id}-*"))
+
+    wait_for(lambda: any((r / "checkpoints" / "checkpoint-0000008").is_dir()
+                         for r in run_folders()), 300, lambda: f"no checkpoint: {tail(out)}")
+    (run,) = run_folders()
     assert slurm_command(slurm, "scontrol", "requeue", job_id).returncode == 0
     # Slurm holds a requeued job ~2 minutes (BeginTime); let it go at once
     wait_for(lambda: slurm_command(slurm, "squeue", "-h", "-j", job_id, "-o", "%r").stdout
@@ -304,9 +316,10 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
              lambda: f"the requeued job did not finish: {tail(out)}")
     output = out.read_text()
     assert "Slurm requeued the job (restart 1): it resumes from its latest checkpoint" in output
+    assert run_folders() == [run]  # the requeued job found its own folder
     # the uninterrupted run's, the job's first (stopped by the requeue) and its second
     assert runs(tmp_path) == [("FINISHED",), ("FINISHED",), ("KILLED",)], output[-3000:]
-    with open(run / "checkpoints" / "checkpoint-0000040" / "state.pdparams", "rb") as f:
+    with open(run / "checkpoints" / "checkpoint-0000080" / "state.pdparams", "rb") as f:
         got = pickle.load(f)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -336,7 +336,7 @@ class CollectiveLauncher(Role):
         if devices and isinstance(cfg.workers, int) and cfg.workers != len(devices):
             raise ConfigError(f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
                               f"a collective job runs one worker per GPU")
-        check_launcher(cfg.cluster.launcher,
+        check_launcher(cfg,
                        len(devices) if devices else process_count(cfg.workers, "workers"))
         self.cfg = cfg
         self.devices = devices

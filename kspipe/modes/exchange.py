@@ -294,7 +294,7 @@ class StrategyExchange(ParameterSync):
             self.exchange.flush()
             self.role.barrier_worker()
             write_vars(self.scope, self.exchange.pull())
-        elif self.strategy == "geo" and self.steps:
+        elif self.strategy == "geo":  # every worker joins, steps since the last or none
             self._round(self.scope, read_vars(self.scope, self.names))
 
     def close(self, clean: bool = True) -> None:

@@ -328,13 +328,10 @@ def job_plan(kind: str, cfg, workers, servers=None, **options) -> list["Planned"
         return launch_plan(kind, workers, servers, cfg.cluster.host, **options)
     from kspipe.modes import slurm
 
-    counts = [process_count(workers, "workers"), process_count(servers or 0, "servers")
-              if kind == "pserver" else 0]
-    if any(parse_endpoints(v, k) is not None
-           for v, k in ((workers, "workers"), (servers or 1, "servers"))):
-        raise ConfigError("cluster.launcher=slurm places the processes itself: give workers "
-                          "and servers as counts")
+    slurm.check_counts(cfg)
+    counts = [int(workers), int(servers) if kind == "pserver" else 0]
     server_eps, worker_eps = slurm.endpoints(counts[1], counts[0])
+    options["threads"] = options.get("threads") or slurm.threads()
     return launch_plan(kind, worker_eps, server_eps or None, every_host=True, **options)
 
 
@@ -347,10 +344,12 @@ def slurm_steps(plan: list["Planned"]):
     """Start each planned process as a Slurm job step on its node."""
     from kspipe.modes import slurm
 
-    nodes = {(p.role, p.index): slurm.node_of(p.endpoint) for p in plan}
+    where = {(p.role, p.index): (slurm.node_of(p.endpoint), int(p.env["KSPIPE_THREADS"]))
+             for p in plan}
 
     def wrap(role: str, index: int, command: list[str]) -> list[str]:
-        return slurm.step(nodes[role, index], f"kspipe-{role}.{index}", command)
+        node, cpus = where[role, index]
+        return slurm.step(node, f"kspipe-{role}.{index}", command, cpus)
 
     return wrap
 

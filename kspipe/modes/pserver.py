@@ -428,7 +428,7 @@ class PserverLauncher(Role):
 
     def __init__(self, cfg):
         super().__init__()
-        check_launcher(cfg.cluster.launcher, process_count(cfg.workers, "workers")
+        check_launcher(cfg, process_count(cfg.workers, "workers")
                        + process_count(cfg.servers, "servers"))
         self.cfg = cfg
         self.cluster = {"strategy": cfg.cluster.strategy}

@@ -32,12 +32,14 @@ from kspipe.errors import ConfigError
 LAUNCHERS = ("processes", "slurm", "paddlejob")
 
 
-def check_launcher(name: str, processes: int) -> None:
+def check_launcher(cfg, processes: int) -> None:
     """Before anything starts (no run recorded yet): refuse a launcher that cannot start
     the job's ``processes`` here, in one line."""
+    name = cfg.cluster.launcher
     if name not in LAUNCHERS:
         raise ConfigError(f"cluster.launcher={name!r} is not one of {', '.join(LAUNCHERS)}")
     if name == "slurm":
+        check_counts(cfg)
         check_allocation(processes)
     if name == "paddlejob":
         raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
@@ -63,8 +65,12 @@ def check_allocation(processes: int, env=os.environ) -> None:
 def allocation_hosts(env=os.environ) -> list[str]:
     """The allocation's nodes, in order (``scontrol show hostnames``)."""
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-    out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
-                         text=True, timeout=60)
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ConfigError(f"cannot read the Slurm allocation's nodes with scontrol: {err}") \
+            from None
     hosts = out.stdout.split()
     if out.returncode or not hosts:
         raise ConfigError(f"cannot read the Slurm allocation's nodes ({nodes!r}): "
@@ -81,9 +87,21 @@ def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], li
     if len(nodes) == 1:  # one node, this one: loopback
         hosts = ["127.0.0.1"] * (servers + workers)
     else:
-        hosts = [socket.gethostbyname(nodes[i % len(nodes)]) for i in range(servers + workers)]
+        hosts = [address(nodes[i % len(nodes)]) for i in range(servers + workers)]
     eps = [f"{h}:{p}" for h, p in zip(hosts, ports)]
     return eps[:servers], eps[servers:]
+
+
+def address(node: str) -> str:
+    """A node's address that the other nodes reach."""
+    try:
+        found = socket.gethostbyname(node)
+    except OSError as err:
+        raise ConfigError(f"the allocation's node {node} has no address here: {err}") from None
+    if found.startswith("127."):
+        raise ConfigError(f"the allocation's node {node} resolves to {found} (a loopback "
+                          f"address the other nodes cannot reach): fix its entry in /etc/hosts")
+    return found
 
 
 def node_of(endpoint: str, env=os.environ) -> str:
@@ -93,15 +111,34 @@ def node_of(endpoint: str, env=os.environ) -> str:
     if len(nodes) == 1:
         return nodes[0]
     for node in nodes:
-        if socket.gethostbyname(node) == host:
+        if address(node) == host:
             return node
     raise ConfigError(f"{endpoint} is on none of the allocation's nodes ({', '.join(nodes)})")
 
 
-def step(node: str, name: str, command: list[str]) -> list[str]:
-    """``command`` as a job step of one task on ``node``."""
-    return ["srun", "--nodes=1", "--ntasks=1", "--exact", f"--nodelist={node}", "--quiet",
-            "--kill-on-bad-exit=1", f"--job-name={name}", *command]
+def step(node: str, name: str, command: list[str], cpus: int = 1) -> list[str]:
+    """``command`` as a job step of one task of ``cpus`` CPUs on ``node``.  ``--exact``
+    and ``--mem=0`` let the steps run side by side: without them the first step takes
+    every CPU (and, where Slurm counts memory, all the memory) of the allocation, and the
+    next waits for it to end."""
+    return ["srun", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}", "--exact",
+            "--mem=0", f"--nodelist={node}", "--quiet", "--kill-on-bad-exit=1",
+            f"--job-name={name}", *command]
+
+
+def threads(env=os.environ) -> int:
+    """A worker's math threads in an allocation: its tasks' CPUs (``--cpus-per-task``)."""
+    return int(env.get("SLURM_CPUS_PER_TASK") or 1)
+
+
+def check_counts(cfg) -> None:
+    """Slurm places the processes: ``workers`` and ``servers`` must be counts."""
+    from kspipe.modes.launch import parse_endpoints
+
+    for key in ("workers", "servers"):
+        if parse_endpoints(cfg.get(key, 1), key) is not None:
+            raise ConfigError(f"cluster.launcher=slurm places the processes itself: give "
+                              f"{key} as a count")
 
 
 def submits(cfg, env=os.environ) -> bool:
@@ -117,6 +154,7 @@ def processes(cfg) -> int:
     """How many processes (tasks) the job needs."""
     from kspipe.modes.launch import process_count
 
+    check_counts(cfg)
     count = process_count(cfg.workers, "workers")
     return count + (process_count(cfg.servers, "servers") if cfg.mode == "pserver" else 0)
 
