@@ -8,13 +8,19 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
   ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
   ``g`` (its ``send`` op alone, run on ``g`` written in as theta's gradient) makes the
   servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
-  the servers' values and returns once they hold them; ``pull`` reads them.
+  the servers' values and returns once they hold them; ``pull`` reads them.  Theta is one
+  flat table (:class:`Layout`): the parameters, and in every part of it that a server
+  applies on a thread of its own, a count of each worker's pushes, which each push adds
+  1 to.  So a pull tells a worker how many of its own pushes the values hold.
 * :class:`StrategyExchange` is the strategies over it.  After each local update:
 
   - ``async``: the worker pushes the change it made since it last took the servers'
-    parameters and pulls them back.  Workers never wait for each other or for their own
-    push, so a pull may not hold this worker's last push yet (it is applied a few ms later;
-    ``cluster.wait_push=true`` waits for it, ~100 ms a step);
+    parameters and pulls them back.  Workers never wait for each other; a worker's pull
+    holds all its own pushes but at most the last two, and it pulls again until it does
+    (``cluster.wait_push=true``: all of them, ``client_flush``, >= 100 ms a step).
+    Paddle's client queues up to 14 pushes, and on a loaded host a worker that stepped
+    from values missing its last dozen pushes overshot by as many steps (a test R2 of
+    0.59 where 0.95 is usual);
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
     ``theta - sum / workers``, and the first worker writes it to the servers, which
@@ -38,7 +44,7 @@ import time
 
 import numpy as np
 
-from kspipe.errors import ConfigError, check_integer
+from kspipe.errors import ClusterError, ConfigError, check_integer
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
 from kspipe.modes.summing import WorkerSum
 
@@ -70,12 +76,87 @@ def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> 
         check_integer(k_steps, "cluster.k_steps", 1)
 
 
+#: The exchange's one table (flat): the parameters and the workers' push counts.
+FLAT = "_kspipe_exchange"
+#: A worker's push count goes back to 0 here (float32 counts exactly below 2**24).
+WRAP = 1 << 20
+#: A push the servers have not applied after this long is lost (or a server stalled).
+PUSH_TIMEOUT_S = 120.0
+#: Paddle 2.6.2's server applies a push to its slice of a dense table in this many parts,
+#: one thread each (MemoryDenseTable's task pool), the parts of one push concurrently.
+SERVER_PARTS = 10
+
+
+class Layout:
+    """Where each parameter, and each worker's push counts, lie in the exchange's flat
+    table.
+
+    Paddle's client splits a dense table of ``size`` values over the servers in slices of
+    ``size // servers + 1`` (the last one shorter); a server splits its slice into
+    :data:`SERVER_PARTS` parts as evenly as it can (the first ones one longer), and
+    applies each push to each part on that part's own thread, in order.  Each part begins
+    with one count per worker, which every push of the worker adds 1 to: a pull that
+    reads count c in a part found that part's thread at or past the worker's c-th push, so
+    every value of the part holds at least c - 1 of them.  Parameters take the other
+    places in order; what is left at the end is padding.
+    """
+
+    def __init__(self, shapes: dict, workers: int, servers: int):
+        self.shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
+        self.workers, self.servers = workers, servers
+        weights = sum(int(np.prod(shape)) for shape in self.shapes.values())
+        size = weights + workers * servers * SERVER_PARTS
+        while min(end - start for start, end in self.slices(size)) < SERVER_PARTS * workers:
+            size += 1  # every part holds the workers' counts
+        self.size = size
+        starts = [start + part for start, end in self.slices(size)
+                  for part in part_starts(end - start)]
+        self.counts = np.array([[at + w for at in starts] for w in range(workers)])
+        free = np.ones(size, bool)
+        free[self.counts.ravel()] = False
+        self.weights = np.flatnonzero(free)[:weights]
+
+    def slices(self, size: int) -> list:
+        """``[(start, end)]`` of each server's slice of a table of ``size`` values."""
+        per = size // self.servers + 1
+        return [(s * per, min((s + 1) * per, size)) for s in range(self.servers)]
+
+    def split(self, flat: np.ndarray) -> dict:
+        """``{name: values}`` of the parameters in ``flat``."""
+        values, at = {}, 0
+        taken = flat[self.weights]
+        for name, shape in self.shapes.items():
+            n = int(np.prod(shape))
+            values[name] = taken[at:at + n].reshape(shape)
+            at += n
+        return values
+
+    def join(self, values: dict, flat: np.ndarray) -> np.ndarray:
+        """A copy of ``flat`` with the parameters set from ``values``."""
+        flat = flat.copy()
+        flat[self.weights] = np.concatenate(
+            [np.asarray(values[name], np.float32).ravel() for name in self.shapes])
+        return flat
+
+
+def part_starts(length: int) -> list:
+    """Where each of a server's :data:`SERVER_PARTS` parts of a slice of ``length``
+    values begins (the first ``length % SERVER_PARTS`` parts one value longer)."""
+    base, longer = divmod(length, SERVER_PARTS)
+    starts, at = [], 0
+    for part in range(SERVER_PARTS):
+        starts.append(at)
+        at += base + (part < longer)
+    return starts
+
+
 class ParameterExchange:
     """Moves dense parameters between a worker and the servers.
 
     The meta program lives in a scope of its own, the worker's view of the servers'
     parameters, so the model's programs are never transpiled.  Build it in every role
-    (servers take their tables from it).
+    (servers take their tables from it), in a job whose fleet knows its workers and
+    servers.
     """
 
     def __init__(self, shapes: dict):
@@ -84,19 +165,17 @@ class ParameterExchange:
 
         self.names = list(shapes)
         self.fleet = fleet
+        self.layout = Layout(shapes, fleet.worker_num(), len(fleet.server_endpoints()))
         self.scope = paddle.static.Scope()
         self.runtime = None
         self.tables: dict = {}
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-            terms = []
-            for name, shape in shapes.items():
-                theta = paddle.static.create_parameter(
-                    list(shape), "float32", name=name,
-                    default_initializer=paddle.nn.initializer.Constant(0.0))
-                grad = paddle.static.data(name + META_GRAD, list(shape), "float32")
-                terms.append(paddle.sum(paddle.multiply(theta, grad)))
-            loss = paddle.add_n(terms)
+            theta = paddle.static.create_parameter(
+                [self.layout.size], "float32", name=FLAT,
+                default_initializer=paddle.nn.initializer.Constant(0.0))
+            grad = paddle.static.data(FLAT + META_GRAD, [self.layout.size], "float32")
+            loss = paddle.sum(paddle.multiply(theta, grad))
             strategy = fleet.DistributedStrategy()
             strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
             strategy.a_sync_configs = {"k_steps": 0}
@@ -119,7 +198,7 @@ class ParameterExchange:
         import paddle
 
         self.exe.run(self.startup, scope=self.scope)
-        write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        self._set(self.layout.join(values, self.flat()))
         from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
         runtime = self.fleet.fleet._runtime_handle
@@ -127,29 +206,38 @@ class ParameterExchange:
         with paddle.static.scope_guard(self.scope):
             self.fleet.init_worker(scopes=[self.scope])
         self.runtime = runtime
-        # {table id: its variables in the table's order}, for every write and pull
+        # {table id: its variables}: the one flat table, for every write and pull
         self.tables = get_the_one_recv_context(runtime.context, split_dense_table=False)
         return self.get()
 
-    def push(self, grads: dict, wait: bool = False) -> None:
-        """The servers do ``theta -= grads`` when the push arrives (within a few ms); with
-        ``wait``, return once it is sent (``client_flush``: at least 100 ms)."""
-        write_vars(self.scope, {name + "@GRAD": np.asarray(g, np.float32)
-                                for name, g in grads.items()})
+    def push(self, grads: dict, worker: int, pushed: int, wait: bool = False) -> None:
+        """The servers do ``theta -= grads`` when the push arrives (within a few ms), and
+        count it as ``worker``'s push number ``pushed + 1``; with ``wait``, return once
+        it is applied (``client_flush``: at least 100 ms)."""
+        change = self.layout.join(grads, np.zeros(self.layout.size, np.float32))
+        before, after = pushed % WRAP, (pushed + 1) % WRAP
+        change[self.layout.counts[worker]] = before - after  # theta -= g: the count goes up
+        write_vars(self.scope, {FLAT + "@GRAD": change})
         for sender in self.senders:
             sender.run(self.scope, self.place)
         if wait:
             self.flush()
 
+    def flush(self) -> None:
+        """Wait until the servers have applied every push of this worker."""
+        self.runtime._worker.client_flush()
+
+    def behind(self, worker: int, pushed: int) -> int:
+        """How many of ``worker``'s ``pushed`` pushes some part of some server had not
+        begun to apply at the last pull."""
+        counts = self.flat()[self.layout.counts[worker]].astype(np.int64)
+        return int(np.max((pushed - counts) % WRAP))
+
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
-        write_vars(self.scope, {n: np.asarray(v, np.float32) for n, v in values.items()})
+        self._set(self.layout.join(values, self.flat()))
         for table_id, names in self.tables.items():
             self.runtime._worker.push_dense_params(self.scope, table_id, names)
-
-    def flush(self) -> None:
-        """Wait until every push has been sent."""
-        self.runtime._worker.client_flush()
 
     def pull(self) -> dict:
         """The servers' parameters."""
@@ -158,8 +246,18 @@ class ParameterExchange:
         return self.get()
 
     def get(self) -> dict:
-        """The parameters as last pulled (or pushed from)."""
-        return read_vars(self.scope, self.names)
+        """The parameters as last pulled (or written)."""
+        return self.layout.split(self.flat())
+
+    def hold(self, values: dict) -> None:
+        """Take ``values`` as the servers' (a worker that does not write them)."""
+        self._set(self.layout.join(values, self.flat()))
+
+    def flat(self) -> np.ndarray:
+        return read_vars(self.scope, [FLAT])[FLAT]
+
+    def _set(self, flat: np.ndarray) -> None:
+        write_vars(self.scope, {FLAT: flat})
 
     def close(self, first: bool) -> None:
         """Leave the servers; the first worker (after the others) stops them."""
@@ -197,6 +295,7 @@ class StrategyExchange(ParameterSync):
         self.scope = None
         self.summing = None  # sync and geo: the workers' changes summed (WorkerSum)
         self.steps = 0  # updates since the last exchange
+        self.pushed = 0  # async: this worker's pushes so far
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -230,10 +329,27 @@ class StrategyExchange(ParameterSync):
         last = self.exchange.get()
         with self.timed("push"):
             self.exchange.push({n: last[n] - current[n] for n in self.names},
-                               wait=self.wait_push)
+                               self.role.worker_index(), self.pushed, wait=self.wait_push)
+            self.pushed += 1
         with self.timed("pull"):
-            write_vars(scope, self.exchange.pull())
+            write_vars(scope, self._pull_bounded())
         self.steps = 0
+
+    def _pull_bounded(self) -> dict:
+        """The servers' parameters, pulled until every part of every server had begun to
+        apply this worker's last push but one: every value holds all its pushes but at
+        most the last two (Paddle's client may otherwise queue 14)."""
+        worker, deadline = self.role.worker_index(), time.monotonic() + PUSH_TIMEOUT_S
+        while True:
+            values = self.exchange.pull()
+            behind = self.exchange.behind(worker, self.pushed)
+            if behind <= 1:
+                return values
+            if time.monotonic() > deadline:
+                raise ClusterError(f"worker {worker}: the servers have not applied its push "
+                                   f"{self.pushed - behind + 1} of {self.pushed} within "
+                                   f"{PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
+                                   f"stalled)")
 
     def _round(self, scope, current: dict) -> None:
         """Every worker's change since the last round, summed in a fixed order; theta moves
@@ -255,7 +371,7 @@ class StrategyExchange(ParameterSync):
             with self.timed("write"):
                 self.exchange.write(merged)
         else:
-            write_vars(self.exchange.scope, merged)
+            self.exchange.hold(merged)
         write_vars(scope, merged)
         self.steps = 0
 
@@ -281,8 +397,8 @@ class StrategyExchange(ParameterSync):
         """Before a checkpoint, every worker: the scope then holds the servers' parameters
         exactly, so the state written into the checkpoint is the job's one model.
 
-        * async: every push in, then a pull (float32: a table the exchange moves is whole
-          in every worker, where the servers' own files would keep 6 digits of it);
+        * async: every push in (each worker's flushed, then a barrier), then a pull (float32: a table the exchange moves is whole in every worker,
+          where the servers' own files would keep 6 digits of it);
         * geo: a round, whatever ``k_steps`` says, so no worker's local steps are left out
           of the checkpoint.  The uninterrupted run makes the same round at the same
           checkpoint, so a run resumed from it repeats that run exactly;
