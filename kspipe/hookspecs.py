@@ -176,12 +176,14 @@ def kspipe_check_config(cfg: Config) -> None:
 
 
 @hookspec
-def kspipe_run_start(cfg: Config, role: Role | Launcher, run_dir: str) -> None:
+def kspipe_run_start(cfg: Config, role: Role | Launcher, run_dir: str,
+                     workload: Workload) -> None:
     """A run starts, after the config was validated and the role assigned.
 
     :param cfg: the composed config.
     :param role: this process's role.
     :param run_dir: the folder the run writes its files to.
+    :param workload: what the run's workload plugin declares of it (described once per run).
     """
 
 

@@ -50,7 +50,7 @@ def run(cfg, pm=None) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     reporter = Reporter(pm.hook, run_dir)
 
-    pm.hook.kspipe_run_start(cfg=cfg, role=role, run_dir=run_dir)
+    pm.hook.kspipe_run_start(cfg=cfg, role=role, run_dir=run_dir, workload=workload)
     try:
         if role.is_launcher:  # it starts the job's processes, which run the stages
             metrics = role.launch(reporter)

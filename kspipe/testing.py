@@ -196,7 +196,7 @@ def local_slurm(folder: Path):
     import subprocess
     import time
 
-    from kspipe.modes.launch import free_ports
+    from kspipe.endpoints import free_ports
 
     folder.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool"):

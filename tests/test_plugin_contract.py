@@ -216,8 +216,10 @@ def test_only_the_tracking_observer_imports_mlflow():
 
 
 def import_graph() -> dict[str, set[str]]:
-    return {module: {imported for imported, _ in imports(module) if imported in MODULES
-                     and imported != module}
+    """Which kspipe modules each imports, anywhere in it (inside functions too: an import
+    deferred into a function is still a dependency, only a later one)."""
+    return {module: {imported for imported, _ in imports(module, module_level=False)
+                     if imported in MODULES and imported != module}
             for module in MODULES}
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.modes.launch import free_ports
+from kspipe.endpoints import free_ports
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import compose_config, plugin_manager, tiny_overrides

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.modes.launch import free_ports
+from kspipe.endpoints import free_ports
 from kspipe.testing import tiny_overrides
 
 ITERATIONS = 4

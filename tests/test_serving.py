@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from kspipe.modes.launch import free_ports
+from kspipe.endpoints import free_ports
 from kspipe.testing import tiny_overrides
 
 

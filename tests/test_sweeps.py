@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.modes.launch import free_ports
+from kspipe.endpoints import free_ports
 from kspipe.testing import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[1]

@@ -33,8 +33,8 @@ from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, job_plan, process_count, \
-    run_cluster
+from kspipe.endpoints import process_count
+from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, Launcher, job_plan, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 from kspipe.modes.slurm import check_launcher
 
@@ -80,6 +80,11 @@ REFUSED = {
     "sparse_tables": "an embedding table's sparse gradient has no all-reduce here; use "
                      "mode=pserver, which keeps such tables on the servers",
 }
+
+
+def refusal(needs) -> str | None:
+    """Why a collective job cannot run a workload that ``needs`` these; None if it can."""
+    return "; ".join(REFUSED[n] for n in sorted(needs) if n in REFUSED) or None
 
 
 class CollectiveRole(Role):
@@ -155,8 +160,7 @@ class CollectiveRole(Role):
 
     # distribution
     def refuses(self, needs, cfg) -> str | None:
-        reasons = [REFUSED[n] for n in sorted(needs) if n in REFUSED]
-        return "; ".join(reasons) or None
+        return refusal(needs)
 
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         return GradientAllReduce(self, optimizer)
@@ -325,29 +329,22 @@ class GradientAllReduce:
         return self.apply_gradients(params_grads), params_grads
 
 
-class CollectiveLauncher(Role):
+class CollectiveLauncher(Launcher):
     """Starts this host's workers of a collective job and watches them."""
 
     mode = "collective"
-    is_launcher = True
 
     def __init__(self, cfg, devices: list[int]):
-        super().__init__()
         if devices and isinstance(cfg.workers, int) and cfg.workers != len(devices):
             raise ConfigError(f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
                               f"a collective job runs one worker per GPU")
         check_launcher(cfg,
                        len(devices) if devices else process_count(cfg.workers, "workers"))
-        self.cfg = cfg
+        super().__init__(cfg, job_hosts("collective", cfg))
         self.devices = devices
-        self.hosts = job_hosts("collective", cfg)
-
-    def is_first_worker(self) -> bool:
-        """Whether worker 0 runs on this host (its launcher records the run)."""
-        return self.hosts is None or self.hosts.is_first
 
     def refuses(self, needs, cfg) -> str | None:
-        return CollectiveRole.refuses(self, needs, cfg)
+        return refusal(needs)
 
     def launch(self, reporter) -> dict:
         cfg = self.cfg

@@ -48,7 +48,7 @@ class JobHosts:
 
 def job_hosts(kind: str, cfg) -> JobHosts | None:
     """The hosts of a ``kind`` job across several hosts; None for a job on one host."""
-    from kspipe.modes.launch import parse_endpoints, this_host
+    from kspipe.endpoints import parse_endpoints, this_host
 
     workers = parse_endpoints(cfg.workers, "workers")
     servers = parse_endpoints(cfg.servers, "servers") if kind == "pserver" else []

@@ -38,7 +38,7 @@ def pod_command(overrides: list[str], name: str) -> list[str]:
 def manifest(cfg, overrides: list[str], name: str) -> dict:
     """The ``PaddleJob`` of this job: ``spec.ps`` (pserver) and ``spec.worker`` replicas,
     gloo, the image, and the pods' command."""
-    from kspipe.modes.launch import process_count
+    from kspipe.endpoints import process_count
 
     if not cfg.cluster.get("image"):
         raise ConfigError("cluster.launcher=paddlejob: cluster.image names the container image "

@@ -19,16 +19,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import ListConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from kspipe.errors import ClusterError, ConfigError, check_integer
+from kspipe.endpoints import check_port_free, endpoints, free_ports, parse_endpoints, this_host
+from kspipe.errors import ClusterError, ConfigError
 from kspipe.files import WORKDIR_ENV, workdir
 
 JOB_FILE = "job.yaml"
@@ -37,61 +37,30 @@ STOP_GRACE_S = 5.0
 CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that are free on ``host`` right now."""
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            sockets.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
+class Launcher:
+    """What the role stage returns when this command starts the job's processes instead of
+    playing a part in them (:class:`kspipe.contracts.Launcher`).  It is no role: it trains
+    nothing, so it has no optimiser, table or server loop to offer; the pipeline calls
+    :meth:`launch` and records what it returns."""
 
+    is_launcher = True
+    mode = "local"
 
-def check_port_free(host: str, port: int) -> None:
-    s = socket.socket()
-    try:
-        s.bind((host, port))
-    except OSError as err:
-        raise ConfigError(f"port {host}:{port} is not free: {err.strerror}") from err
-    finally:
-        s.close()
+    def __init__(self, cfg, hosts=None):
+        self.cfg, self.hosts = cfg, hosts
 
+    def is_first_worker(self) -> bool:
+        """Whether worker 0 runs on this host (its launcher records the run)."""
+        return self.hosts is None or self.hosts.is_first
 
-def parse_endpoints(value, key: str) -> list[str] | None:
-    """An endpoint list from the config, or None for a count.
-
-    The list is ``[host:port,...]`` (Hydra's list syntax, as a YAML list) or a quoted string
-    ``'host:port,...'``; anything else must be a whole count of at least 1.
-    """
-    if isinstance(value, str):
-        items = value.split(",")
-    elif isinstance(value, (list, tuple, ListConfig)):
-        items = [str(item) for item in value]
-    else:
-        check_integer(value, key, 1)
+    def refuses(self, needs, cfg) -> str | None:
+        """Why the job's roles cannot run a workload that ``needs`` these (their mode's
+        answer, given before any process starts); None if they can."""
         return None
-    endpoints = [e.strip() for e in items if e.strip()]
-    if not endpoints:
-        raise ConfigError(f"{key}={value!r} is neither a count nor a host:port list")
-    for endpoint in endpoints:
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{key}: {endpoint!r} is not host:port (a count of at least 1 "
-                              f"or a host:port list, e.g. {key}=[10.0.0.1:7001,10.0.0.2:7001])")
-    if len(set(endpoints)) != len(endpoints):
-        raise ConfigError(f"{key}: an endpoint appears twice in {value}")
-    return endpoints
 
-
-def process_count(value, key: str) -> int:
-    """How many processes ``value`` (a count or an endpoint list) names."""
-    listed = parse_endpoints(value, key)
-    return len(listed) if listed is not None else int(value)
+    def launch(self, reporter) -> dict:
+        """Start the job's processes on this host, watch them, return the job's metrics."""
+        raise NotImplementedError
 
 
 @dataclass
@@ -460,24 +429,6 @@ def fleet_gloo_env(meeting_dir: str | None, endpoints: list[str]) -> dict:
     host, _, port = endpoints[0].rpartition(":")
     return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "3",
             "PADDLE_GLOO_HTTP_ENDPOINT": f"{host}:{int(port) + 1}"}
-
-
-def endpoints(value, key: str) -> list[str]:
-    """The endpoints ``value`` lists, or that many free ports on 127.0.0.1."""
-    listed = parse_endpoints(value, key)
-    if listed is not None:
-        return listed
-    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
-
-
-def this_host(host: str | None, endpoints: list[str]) -> str:
-    """The host whose roles this command starts."""
-    hosts = {e.rpartition(":")[0] for e in endpoints}
-    host = host or (hosts.pop() if len(hosts) == 1 else None)
-    if host is None:
-        raise ConfigError("the endpoints name several hosts: set cluster.host to this "
-                          "host's address, and run the same command on each host")
-    return host
 
 
 def write_job(cfg, run_dir: str) -> str:

@@ -11,9 +11,10 @@ import os
 
 from kspipe import hookimpl
 from kspipe.errors import ClusterError, KspipeError
-from kspipe.modes.launch import error_line, launch_plan, process_count, run_cluster
-from kspipe.reporting import say
+from kspipe.endpoints import process_count
+from kspipe.modes.launch import Launcher, error_line, launch_plan, run_cluster
 from kspipe.modes.role import Role
+from kspipe.reporting import say
 
 
 @hookimpl
@@ -26,14 +27,8 @@ def kspipe_assign_role(cfg):
     return Role()
 
 
-class IsolatedLauncher(Role):
+class IsolatedLauncher(Launcher):
     """Runs the local job in one child process (``python -m kspipe.worker``)."""
-
-    is_launcher = True
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
 
     def launch(self, reporter) -> dict:
         from omegaconf import OmegaConf, open_dict

@@ -31,7 +31,8 @@ from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy, \
     pull_all_dense
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import job_plan, process_count, run_cluster
+from kspipe.endpoints import process_count
+from kspipe.modes.launch import Launcher, job_plan, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 from kspipe.modes.slurm import check_launcher
 
@@ -49,6 +50,16 @@ def kspipe_assign_role(cfg):
         return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
                                 wait_push=cfg.cluster.wait_push))
     return PserverLauncher(cfg)
+
+
+def refusal(strategy: str, needs) -> str | None:
+    """Why a parameter-server job of ``strategy`` cannot run a workload that ``needs``
+    these; None if it can."""
+    if "dataset_training" in needs and strategy != "async":
+        return (f"cluster.strategy={strategy}: training with train_from_dataset runs on "
+                f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
+                f"send_barrier and its geo mode sends no dense parameters)")
+    return None
 
 
 class PserverRole(Role):
@@ -107,12 +118,7 @@ class PserverRole(Role):
 
     # distribution
     def refuses(self, needs, cfg) -> str | None:
-        strategy = self.cluster["strategy"]
-        if "dataset_training" in needs and strategy != "async":
-            return (f"cluster.strategy={strategy}: training with train_from_dataset runs on "
-                    f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
-                    f"send_barrier and its geo mode sends no dense parameters)")
-        return None
+        return refusal(self.cluster["strategy"], needs)
 
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         if feeding == "dataset":
@@ -420,26 +426,18 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
                               f"bytes, {size} were written)")
 
 
-class PserverLauncher(Role):
+class PserverLauncher(Launcher):
     """Starts this host's servers and workers of the job and watches them."""
 
     mode = "pserver"
-    is_launcher = True
 
     def __init__(self, cfg):
-        super().__init__()
         check_launcher(cfg, process_count(cfg.workers, "workers")
                        + process_count(cfg.servers, "servers"))
-        self.cfg = cfg
-        self.cluster = {"strategy": cfg.cluster.strategy}
-        self.hosts = job_hosts("pserver", cfg)
-
-    def is_first_worker(self) -> bool:
-        """Whether worker 0 runs on this host (its launcher records the run)."""
-        return self.hosts is None or self.hosts.is_first
+        super().__init__(cfg, job_hosts("pserver", cfg))
 
     def refuses(self, needs, cfg) -> str | None:
-        return PserverRole.refuses(self, needs, cfg)
+        return refusal(cfg.cluster.strategy, needs)
 
     def launch(self, reporter) -> dict:
         cfg = self.cfg

@@ -80,7 +80,7 @@ def allocation_hosts(env=os.environ) -> list[str]:
 
 def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], list[str]]:
     """``host:port`` of each server and worker, spread over the allocation's nodes."""
-    from kspipe.modes.launch import free_ports
+    from kspipe.endpoints import free_ports
 
     nodes = allocation_hosts(env)
     ports = free_ports(servers + workers)
@@ -133,7 +133,7 @@ def threads(env=os.environ) -> int:
 
 def check_counts(cfg) -> None:
     """Slurm places the processes: ``workers`` and ``servers`` must be counts."""
-    from kspipe.modes.launch import parse_endpoints
+    from kspipe.endpoints import parse_endpoints
 
     for key in ("workers", "servers"):
         if parse_endpoints(cfg.get(key, 1), key) is not None:
@@ -152,7 +152,7 @@ def submits(cfg, env=os.environ) -> bool:
 
 def processes(cfg) -> int:
     """How many processes (tasks) the job needs."""
-    from kspipe.modes.launch import process_count
+    from kspipe.endpoints import process_count
 
     check_counts(cfg)
     count = process_count(cfg.workers, "workers")

@@ -224,32 +224,19 @@ def source_run_id(client, path: str) -> str | None:
 
 
 class MlflowTracker:
-    """The tracking plugin; one instance per plugin manager.
+    """The tracking plugin; one instance per plugin manager.  The run's workload comes
+    with ``kspipe_run_start``, as the pipeline described it once for the run."""
 
-    :param pm: the registry that describes the run's workload; by default one is built
-        when first needed (a plugin is not told which manager registered it).
-    """
-
-    def __init__(self, pm=None):
-        self.pm = pm
+    def __init__(self):
         self.client = None
         self.run_id = None
         self.owner = False
         self.workload: Workload | None = None
         self.curve: dict[str, list] = {}
 
-    def describe(self, cfg) -> Workload:
-        """The workload ``cfg`` runs, as the plugin serving ``stages.program`` declares it."""
-        from kspipe.plugin_manager import describe_workload, get_plugin_manager
-
-        if self.workload is None:
-            if self.pm is None:
-                self.pm = get_plugin_manager()
-            self.workload = describe_workload(self.pm, cfg)
-        return self.workload
-
     @hookimpl
-    def kspipe_run_start(self, cfg, role, run_dir):
+    def kspipe_run_start(self, cfg, role, run_dir, workload):
+        self.workload = workload
         if not cfg.tracking.enabled or not role.is_first_worker():
             return
         from mlflow.entities import Param
@@ -257,7 +244,6 @@ class MlflowTracker:
 
         self.client = client_for(cfg)
         self.curve = {}
-        self.workload = None
         self.owner = not (os.environ.get(RUN_ENV) and not role.is_launcher)
         if not self.owner:
             self.run_id = os.environ[RUN_ENV]
@@ -270,7 +256,7 @@ class MlflowTracker:
                                   f"run's MLflow model, which tracking.model=false does not log")
             serving.check_registry_name(self.client, cfg.tracking.register)
         tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
-                **workload_tags(self.describe(cfg))}
+                **workload_tags(workload)}
         if os.environ.get(PARENT_RUN_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
         if cfg.get("evaluate") or cfg.get("init_from"):
@@ -317,7 +303,7 @@ class MlflowTracker:
             return
         if any(name.startswith("curve/") for name in self.curve):
             plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
-                                  self.describe(cfg).headline)
+                                  self.workload.headline)
             if plot:
                 self.client.log_artifact(self.run_id, plot)
         if not self.owner:
@@ -332,7 +318,7 @@ class MlflowTracker:
         self._end("FINISHED")
         if not os.environ.get(PARENT_RUN_ENV):  # a sweep names the page once, at its end
             experiment = self.client.get_run(run_id).info.experiment_id
-            say(runs_page(cfg, experiment, self.describe(cfg).headline))
+            say(runs_page(cfg, experiment, self.workload.headline))
 
     def log_model(self, cfg, run_dir: str) -> None:
         """The run's inference model as its MLflow model, if its workload names a predictor.
@@ -341,7 +327,7 @@ class MlflowTracker:
         :class:`KspipeError`); a model that cannot be logged otherwise is said in one line
         and the trained run is kept.
         """
-        serving = self.describe(cfg).serving
+        serving = self.workload.serving
         if (not serving or not cfg.tracking.get("model", True)
                 or not os.path.isdir(os.path.join(run_dir, "inference_model"))):
             return

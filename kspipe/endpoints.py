@@ -1,0 +1,88 @@
+"""Endpoint lists and process counts as the config gives them, and free ports.
+
+``workers`` and ``servers`` are each a count or a ``host:port`` list; every module that
+reads them (the config's checks, the modes' plans, the launchers) reads them here.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from omegaconf import ListConfig
+
+from kspipe.errors import ConfigError, check_integer
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that are free on ``host`` right now."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def check_port_free(host: str, port: int) -> None:
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+    except OSError as err:
+        raise ConfigError(f"port {host}:{port} is not free: {err.strerror}") from err
+    finally:
+        s.close()
+
+
+def parse_endpoints(value, key: str) -> list[str] | None:
+    """An endpoint list from the config, or None for a count.
+
+    The list is ``[host:port,...]`` (Hydra's list syntax, as a YAML list) or a quoted string
+    ``'host:port,...'``; anything else must be a whole count of at least 1.
+    """
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple, ListConfig)):
+        items = [str(item) for item in value]
+    else:
+        check_integer(value, key, 1)
+        return None
+    endpoints = [e.strip() for e in items if e.strip()]
+    if not endpoints:
+        raise ConfigError(f"{key}={value!r} is neither a count nor a host:port list")
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{key}: {endpoint!r} is not host:port (a count of at least 1 "
+                              f"or a host:port list, e.g. {key}=[10.0.0.1:7001,10.0.0.2:7001])")
+    if len(set(endpoints)) != len(endpoints):
+        raise ConfigError(f"{key}: an endpoint appears twice in {value}")
+    return endpoints
+
+
+def process_count(value, key: str) -> int:
+    """How many processes ``value`` (a count or an endpoint list) names."""
+    listed = parse_endpoints(value, key)
+    return len(listed) if listed is not None else int(value)
+
+
+def endpoints(value, key: str) -> list[str]:
+    """The endpoints ``value`` lists, or that many free ports on 127.0.0.1."""
+    listed = parse_endpoints(value, key)
+    if listed is not None:
+        return listed
+    return [f"127.0.0.1:{port}" for port in free_ports(int(value))]
+
+
+def this_host(host: str | None, endpoints: list[str]) -> str:
+    """The host whose roles this command starts."""
+    hosts = {e.rpartition(":")[0] for e in endpoints}
+    host = host or (hosts.pop() if len(hosts) == 1 else None)
+    if host is None:
+        raise ConfigError("the endpoints name several hosts: set cluster.host to this "
+                          "host's address, and run the same command on each host")
+    return host
