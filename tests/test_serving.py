@@ -42,6 +42,9 @@ class Server:
         (port,) = free_ports(1)
         self.url, self.health = f"http://127.0.0.1:{port}", health
         self.log = cwd / f"server-{port}.log"
+        temporary = cwd / f"server-{port}-tmp"  # MLflow's lock files, kept out of /tmp
+        temporary.mkdir()
+        env = dict(env or os.environ, TMPDIR=str(temporary))
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--port",
