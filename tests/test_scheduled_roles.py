@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kspipe.endpoints import free_ports
-from kspipe.testing import tiny_overrides
+from kspipe.testing import slurm_missing, tiny_overrides
 
 ITERATIONS = 4
 JOB = ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=sync"]
@@ -42,6 +42,11 @@ def final_weights(run_dir: Path) -> dict:
 def runs(tmp: Path) -> list:
     with sqlite3.connect(tmp / "mlflow.db") as db:
         return sorted(db.execute("select status from runs"))
+
+
+#: Slurm's tests run where a one-node Slurm can be started (installed, and root: the
+#: README installs it so); elsewhere they are skipped, saying why.
+needs_slurm = pytest.mark.skipif(slurm_missing() is not None, reason=str(slurm_missing()))
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +168,7 @@ def nothing_queued(env: dict, within_s: float = 30) -> bool:
     return True
 
 
+@needs_slurm
 def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
         tmp_path, tiny_data, launched, slurm):
     run = tmp_path / "run"
@@ -181,6 +187,7 @@ def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
     assert nothing_queued(slurm)
 
 
+@needs_slurm
 @pytest.mark.parametrize("allocate, message", [
     (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
                                        "needs 3 (one per server and worker)"),
@@ -229,6 +236,7 @@ def environment_of(pid: int) -> dict:
                 if "=" in item)
 
 
+@needs_slurm
 def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_data, slurm):
     run = tmp_path / "run"
     job = subprocess.Popen(
@@ -276,6 +284,7 @@ def tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.is_file() else f"no {path}"
 
 
+@needs_slurm
 def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, tiny_data,
                                                                       slurm):
     """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
@@ -325,6 +334,7 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+@needs_slurm
 def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny_data,
                                                                    launched, slurm):
     run = tmp_path / "run"
@@ -347,6 +357,7 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny
     assert runs(tmp_path) == [("FINISHED",)], tail(run / f"slurm-{job}.out")
 
 
+@needs_slurm
 def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
         tmp_path, tiny_data, slurm):
     job = ["+experiment=omniglot_5way", f"train.meta_iters={ITERATIONS}",
