@@ -103,7 +103,7 @@ class Layout:
 
     def __init__(self, shapes: dict, workers: int, servers: int):
         self.shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
-        self.workers, self.servers = workers, servers
+        self.servers = servers
         weights = sum(int(np.prod(shape)) for shape in self.shapes.values())
         size = weights + workers * servers * SERVER_PARTS
         while min(end - start for start, end in self.slices(size)) < SERVER_PARTS * workers:
@@ -163,7 +163,6 @@ class ParameterExchange:
         import paddle
         import paddle.distributed.fleet as fleet
 
-        self.names = list(shapes)
         self.fleet = fleet
         self.layout = Layout(shapes, fleet.worker_num(), len(fleet.server_endpoints()))
         self.scope = paddle.static.Scope()
@@ -198,7 +197,7 @@ class ParameterExchange:
         import paddle
 
         self.exe.run(self.startup, scope=self.scope)
-        self._set(self.layout.join(values, self.flat()))
+        self.hold(values)
         from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
         runtime = self.fleet.fleet._runtime_handle
@@ -235,7 +234,7 @@ class ParameterExchange:
 
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
-        self._set(self.layout.join(values, self.flat()))
+        self.hold(values)
         for table_id, names in self.tables.items():
             self.runtime._worker.push_dense_params(self.scope, table_id, names)
 
