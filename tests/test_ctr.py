@@ -4,8 +4,10 @@ cluster, recorded in MLflow; and its bad inputs, each one clear line."""
 
 import glob
 import json
+import math
 import pickle
 import os
+import re
 import shutil
 
 import numpy as np
@@ -332,7 +334,7 @@ def test_a_cluster_checkpoint_holds_every_servers_shard(on_servers):
     assert sum(1 for n in shards if n.startswith("part-000")) >= 2, sorted(shards)
 
 
-def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers):
+def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers, monkeypatch):
     tmp, run = on_servers
     before = json.loads((tmp / "one" / "metrics.json").read_text())
     # nothing left to train: the restored tables score as the saved ones did (Paddle's servers
@@ -347,10 +349,27 @@ def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers):
     # threads, pulls on a timer), so a resumed run is not compared with an uninterrupted one
     # here (seen: two epochs 0.697-0.719 uninterrupted, 0.683-0.715 resumed); one epoch alone
     # scores 0.655-0.663, which is what a resume that lost the tables would score
+    monkeypatch.setenv("PSERVER_DEBUG", "1")
     run("more", "ctr.epochs=2", f"resume={tmp / 'one'}")
     more = json.loads((tmp / "more" / "metrics.json").read_text())
     assert more["train_instances"] == 2 * LINES  # one epoch of this worker's two files
     assert more["test_auc"] > before["test_auc"] + 0.01, (more, before)
+    # Paddle's servers save a dense table's Adam moments but not its powers: the resumed
+    # servers start them where the saved run's pushes left them (PSERVER_DEBUG prints the
+    # servers' table descriptions). A push is a batch of a reader thread (2 workers, 2
+    # threads, a file of LINES lines each, batches of 64), counted by an op that the
+    # threads may race on
+    (saved,) = (tmp / "one" / "checkpoints").iterdir()
+    pushes = json.loads((saved / "tables" / "manifest.json").read_text())["dense_pushes"]
+    assert 4 * math.ceil(LINES / 64) - 3 <= pushes <= 4 * math.ceil(LINES / 64)
+    for server in (0, 1):
+        log = (tmp / "more" / "logs" / f"server.{server}.log").read_text()
+        dense = log[log.index('table_name: "MergedDense"'):].split("}")[0]
+        starts = [float(v.split("&")[-1]) for v in re.findall(r'initializers: "([^"]+)"', dense)]
+        params = re.findall(r'params: "([^"]+)"', dense)
+        beta2_pow = starts[params.index("Beta2Pow")]
+        assert beta2_pow == pytest.approx(0.999 * 0.999 ** (10 * pushes), rel=1e-6)
+        assert starts[params.index("Beta1Pow")] < 1e-30
 
 
 def test_damaged_or_mismatched_server_tables_are_one_line(on_servers):
@@ -372,7 +391,7 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
     """init_from: the servers' shards and the workers' state of a cluster run become one
     process's model (the same rows, the same tower), which trains on; its model goes back
     onto a cluster of another number of servers and scores exactly as it did."""
-    from kspipe.modes.pserver import read_table_rows
+    from kspipe.modes.tables import read_table_rows
 
     tmp, _ = on_servers
 
