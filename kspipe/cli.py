@@ -188,8 +188,7 @@ def hydra_main(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from kspipe.files import workdir
-    from kspipe.modes import kubernetes, slurm
+    from kspipe.plugin_manager import process_launcher
     from kspipe.pipeline import check, run
     from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
@@ -204,17 +203,11 @@ def hydra_main(cfg) -> float:
         if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
             cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        if kubernetes.writes(cfg):  # the operator starts the pods, each a role
+        launcher = process_launcher(_pm, cfg)
+        if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
             check(cfg, _pm)
-            path = kubernetes.write(cfg, list(hydra_cfg.overrides.task), cfg.run_dir)
-            print(f"kspipe: wrote the PaddleJob {path}; start it with kubectl apply -f {path}",
+            print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
                   flush=True)
-            return worst_value(hydra_cfg)
-        if slurm.submits(cfg):  # outside an allocation: sbatch runs it
-            check(cfg, _pm)
-            job = slurm.submit(cfg, cfg.run_dir, workdir())
-            print(f"kspipe: submitted Slurm job {job}; follow it with squeue -j {job} and "
-                  f"{os.path.join(cfg.run_dir, f'slurm-{job}.out')}", flush=True)
             return worst_value(hydra_cfg)
         metrics = run(cfg, _pm)
     except KspipeError as err:

@@ -65,6 +65,21 @@ class Launcher(Protocol):
         job across hosts the others' ``launch`` returns ``{}``)."""
 
 
+class ProcessLauncher(Protocol):
+    """``cluster.launcher``: places the processes a mode planned and says how each is
+    started (kspipe starts, watches and stops them); base class and the decisions in order:
+    :class:`kspipe.modes.launchers.ProcessLauncher`."""
+
+    name: str
+
+    def hands_off(self, cfg: Config) -> bool: ...
+    def hand_off(self, cfg: Config, overrides: list) -> str: ...
+    def check(self, cfg: Config, processes: int) -> None: ...
+    def plan(self, kind: str, cfg: Config, workers: Any, servers: Any = None,
+             **options: Any) -> list: ...
+    def command(self, planned: Any, command: list) -> list: ...
+
+
 @runtime_checkable
 class Reporter(Protocol):
     """Where a stage reports; the lifecycle hooks take it to every observer."""

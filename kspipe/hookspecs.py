@@ -25,7 +25,7 @@ from __future__ import annotations
 import pluggy
 
 from kspipe import NAME
-from kspipe.contracts import Config, Launcher, Reporter, Role, Workload
+from kspipe.contracts import Config, Launcher, ProcessLauncher, Reporter, Role, Workload
 
 hookspec = pluggy.HookspecMarker(NAME)
 
@@ -40,6 +40,16 @@ def kspipe_config_dirs() -> list[str]:
     Hydra search-path entries (``pkg://package.conf`` or ``file:///abs/path``) that hold
     config groups of a plugin, for example its own ``experiment/*.yaml``.  They are added
     before the config is composed.
+    """
+
+
+@hookspec
+def kspipe_process_launchers() -> list[ProcessLauncher]:
+    """Return the process launchers this plugin adds, each chosen by its ``name`` with
+    ``cluster.launcher=<name>`` (base class :class:`kspipe.modes.launchers.ProcessLauncher`:
+    where a job's planned processes go and how each is started).
+
+    Called on every plugin; kspipe's own are ``processes``, ``slurm`` and ``paddlejob``.
     """
 
 
@@ -58,12 +68,14 @@ def kspipe_describe_workload(cfg: Config) -> Workload:
 
 
 @hookspec(firstresult=True)
-def kspipe_assign_role(cfg: Config) -> Role | Launcher:
+def kspipe_assign_role(cfg: Config, launcher: ProcessLauncher) -> Role | Launcher:
     """Decide this process's role in the job (stage ``role``).
 
     Stops at the first non-None result.
 
     :param cfg: the composed config.
+    :param launcher: the process launcher ``cluster.launcher`` names, for a
+        :class:`kspipe.contracts.Launcher` to place and start the job's processes with.
     :return: a :class:`kspipe.contracts.Role` (the seed's RoleMaker API and the mode's
         distribution: ``distributed_optimizer``, ``parameter_sync``, ``init_worker`` ...;
         base class :class:`kspipe.modes.role.Role`).  Or a

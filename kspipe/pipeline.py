@@ -23,7 +23,7 @@ from kspipe import incremental
 from kspipe.errors import ConfigError
 from kspipe.job import requeued_checkpoint
 from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
-                                   stage_caller)
+                                   process_launcher, stage_caller)
 from kspipe.reporting import Reporter, say
 
 
@@ -43,7 +43,7 @@ def run(cfg, pm=None) -> dict:
     stages = Stages(pm, cfg)
 
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
-    role = stages.call("role", cfg=cfg)
+    role = stages.call("role", cfg=cfg, launcher=process_launcher(pm, cfg))
     refusal = role.refuses(workload.needs, cfg)
     if refusal:
         raise ConfigError(f"mode={cfg.mode} cannot run the {workload.name} workload: {refusal}")

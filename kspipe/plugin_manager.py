@@ -29,7 +29,7 @@ def builtin_plugins():
     from kspipe.ctr import plugin as ctr
     from kspipe.datafeed import plugin as datafeed
     from kspipe.fewshot import plugin as open_ks
-    from kspipe.modes import collective, local, pserver
+    from kspipe.modes import collective, kubernetes, launchers, local, pserver, slurm
     from kspipe.observers import progress, tracking
     from kspipe.reptile import plugin as reptile
 
@@ -37,6 +37,9 @@ def builtin_plugins():
         ("local", local),
         ("pserver", pserver),
         ("collective", collective),
+        ("processes", launchers),
+        ("slurm", slurm),
+        ("paddlejob", kubernetes),
         ("open_ks", open_ks),
         ("reptile", reptile),
         ("datafeed", datafeed),
@@ -131,3 +134,15 @@ def check_mode(pm: pluggy.PluginManager, mode: str) -> None:
     if mode in available:
         return
     raise ConfigError(f"unknown mode '{mode}' (available: {', '.join(available)})")
+
+
+def process_launcher(pm: pluggy.PluginManager, cfg):
+    """The process launcher ``cfg.cluster.launcher`` names (default ``processes``), from
+    every plugin's ``kspipe_process_launchers``; an unknown name is one line."""
+    name = cfg.cluster.get("launcher") or "processes"
+    launchers = {launcher.name: launcher
+                 for found in pm.hook.kspipe_process_launchers() for launcher in found or ()}
+    if name not in launchers:
+        raise ConfigError(f"cluster.launcher={name!r} is not one of "
+                          f"{', '.join(sorted(launchers))}")
+    return launchers[name]

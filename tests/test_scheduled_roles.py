@@ -191,7 +191,7 @@ def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
 @pytest.mark.parametrize("allocate, message", [
     (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
                                        "needs 3 (one per server and worker)"),
-    ([], "cluster.launcher='nope' is not one of processes, slurm, paddlejob"),
+    ([], "cluster.launcher='nope' is not one of paddlejob, processes, slurm"),
 ])
 def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate,
                                                    message):

@@ -34,18 +34,17 @@ from kspipe.errors import ConfigError
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
 from kspipe.endpoints import process_count
-from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, Launcher, job_plan, run_cluster
+from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, Launcher, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
-from kspipe.modes.slurm import check_launcher
 
 
 @hookimpl
-def kspipe_assign_role(cfg):
+def kspipe_assign_role(cfg, launcher):
     devices = gpu_devices(cfg)
     if role_from_environment("collective"):
         check_environment("collective")
         return CollectiveRole()
-    return CollectiveLauncher(cfg, devices)
+    return CollectiveLauncher(cfg, devices, launcher)
 
 
 def gpu_devices(cfg) -> list[int]:
@@ -334,13 +333,12 @@ class CollectiveLauncher(Launcher):
 
     mode = "collective"
 
-    def __init__(self, cfg, devices: list[int]):
+    def __init__(self, cfg, devices: list[int], launcher):
         if devices and isinstance(cfg.workers, int) and cfg.workers != len(devices):
             raise ConfigError(f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
                               f"a collective job runs one worker per GPU")
-        check_launcher(cfg,
-                       len(devices) if devices else process_count(cfg.workers, "workers"))
-        super().__init__(cfg, job_hosts("collective", cfg))
+        launcher.check(cfg, len(devices) if devices else process_count(cfg.workers, "workers"))
+        super().__init__(cfg, job_hosts("collective", cfg), launcher)
         self.devices = devices
 
     def refuses(self, needs, cfg) -> str | None:
@@ -349,8 +347,9 @@ class CollectiveLauncher(Launcher):
     def launch(self, reporter) -> dict:
         cfg = self.cfg
         workers = len(self.devices) if self.devices else cfg.workers
-        plan = job_plan("collective", cfg, workers, threads=cfg.cluster.threads,
-                        devices=self.devices, log_dir=os.path.join(reporter.run_dir, "debug"))
+        plan = self.launcher.plan("collective", cfg, workers, threads=cfg.cluster.threads,
+                                  devices=self.devices,
+                                  log_dir=os.path.join(reporter.run_dir, "debug"))
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
         return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})",
-                           hosts=self.hosts)
+                           hosts=self.hosts, launcher=self.launcher)

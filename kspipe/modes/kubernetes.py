@@ -17,14 +17,33 @@ from __future__ import annotations
 import os
 import time
 
+from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.modes.launchers import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
 
 
-def writes(cfg) -> bool:
-    """Whether the ``kspipe`` command should write the manifest rather than run the job."""
-    return cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "paddlejob"
+class PaddleJobLauncher(ProcessLauncher):
+    """``cluster.launcher=paddlejob``: the ``kspipe`` command writes the manifest."""
+
+    name = "paddlejob"
+
+    def hands_off(self, cfg) -> bool:
+        return cfg.mode in ("pserver", "collective")
+
+    def hand_off(self, cfg, overrides: list[str]) -> str:
+        path = write(cfg, overrides, cfg.run_dir)
+        return f"wrote the PaddleJob {path}; start it with kubectl apply -f {path}"
+
+    def check(self, cfg, processes: int) -> None:
+        raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
+                          "PaddleJob manifest; Kubernetes starts its processes")
+
+
+@hookimpl
+def kspipe_process_launchers():
+    return [PaddleJobLauncher()]
 
 
 def pod_command(overrides: list[str], name: str) -> list[str]:

@@ -46,8 +46,11 @@ class Launcher:
     is_launcher = True
     mode = "local"
 
-    def __init__(self, cfg, hosts=None):
-        self.cfg, self.hosts = cfg, hosts
+    def __init__(self, cfg, hosts=None, launcher=None):
+        #: ``hosts``: the job's hosts when it spans several (kspipe's own control link);
+        #: ``launcher``: the process launcher (:mod:`kspipe.modes.launchers`) that starts
+        #: the planned processes (None: as they are, on this host)
+        self.cfg, self.hosts, self.launcher = cfg, hosts, launcher
 
     def is_first_worker(self) -> bool:
         """Whether worker 0 runs on this host (its launcher records the run)."""
@@ -61,6 +64,11 @@ class Launcher:
     def launch(self, reporter) -> dict:
         """Start the job's processes on this host, watch them, return the job's metrics."""
         raise NotImplementedError
+
+
+def worker_command(run_dir: str) -> list[str]:
+    """What a launched process runs: the job's stages from ``<run_dir>/job.yaml``."""
+    return [sys.executable, "-u", "-m", "kspipe.worker", os.path.join(run_dir, JOB_FILE)]
 
 
 @dataclass
@@ -79,25 +87,20 @@ class Process:
 class Cluster:
     """The processes of one job on this host; started together, stopped together."""
 
-    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None,
-                 wrap=None):
+    def __init__(self, run_dir: str, echo_first_worker: bool = True, log_dir: str | None = None):
         self.run_dir = run_dir
         self.log_dir = log_dir or os.path.join(run_dir, "logs")
         self.processes: list[Process] = []
         self.echo_first_worker = echo_first_worker
-        self.wrap = wrap  # wrap(role, index, command): how a scheduler starts it (srun ...)
 
     def start(self, role: str, index: int, env: dict, command: list[str] | None = None,
               cwd: str | None = None) -> Process:
-        """Start one role: ``command`` (default: the job's stages, ``kspipe.worker``), in
-        ``cwd`` (default: the run folder, so nothing a process writes lands elsewhere)."""
+        """Start one role: ``command`` (default: the job's stages, :func:`worker_command`),
+        in ``cwd`` (default: the run folder, so nothing a process writes lands elsewhere)."""
         os.makedirs(self.log_dir, exist_ok=True)
         log_path = os.path.join(self.log_dir, f"{role}.{index}.log")
         log = open(log_path, "w", buffering=1)
-        cmd = command or [sys.executable, "-u", "-m", "kspipe.worker",
-                          os.path.join(self.run_dir, JOB_FILE)]
-        if self.wrap is not None:
-            cmd = self.wrap(role, index, cmd)
+        cmd = command or worker_command(self.run_dir)
         popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, text=True,
                                  cwd=cwd or self.run_dir, preexec_fn=_die_with_parent)
@@ -247,27 +250,31 @@ def error_line(path: str) -> str | None:
     return lines[-1][len("kspipe: error:"):].strip() if lines else None
 
 
-def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=None) -> dict:
+def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=None,
+                launcher=None) -> dict:
     """Start the processes of ``plan``, wait, return the job's metrics.
 
-    The processes run the stages from ``<run_dir>/job.yaml``; the first worker writes
-    ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts, also when the
-    job fails.  ``hosts`` (:class:`kspipe.modes.hosts.JobHosts`): the job spans several
-    hosts, whose launchers watch each other; on a host without worker 0 the result is
-    ``{}`` (worker 0's host records the run).
+    The processes run the stages from ``<run_dir>/job.yaml``, each started as
+    ``launcher`` (a :class:`kspipe.modes.launchers.ProcessLauncher`) says; the first
+    worker writes ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts,
+    also when the job fails.  ``hosts`` (:class:`kspipe.modes.hosts.JobHosts`): the job
+    spans several hosts, whose launchers watch each other; on a host without worker 0 the
+    result is ``{}`` (worker 0's host records the run).
     """
     from kspipe.modes.hosts import HostLink
 
     run_dir = reporter.run_dir
     write_job(cfg, run_dir)
-    cluster = Cluster(run_dir, wrap=slurm_steps(plan) if launcher(cfg) == "slurm" else None)
+    cluster = Cluster(run_dir)
     link = HostLink(hosts, cfg.cluster.hosts_timeout_s) if hosts else None
     try:
         if link:
             link.open(reporter.say)
         reporter.say(f"starting {description}; logs in {cluster.log_dir}")
         for p in plan:
-            cluster.start(p.role, p.index, p.env)
+            command = worker_command(run_dir)
+            cluster.start(p.role, p.index, p.env,
+                          launcher.command(p, command) if launcher else command)
         cluster.wait(cfg.cluster.timeout_s, check=link.failure if link else None)
     except BaseException as err:
         if link:
@@ -287,40 +294,6 @@ def run_cluster(cfg, reporter, plan: list["Planned"], description: str, hosts=No
         raise ClusterError(f"the job ended without results; logs in {cluster.log_dir}")
     with open(path) as f:
         return json.load(f)
-
-
-def job_plan(kind: str, cfg, workers, servers=None, **options) -> list["Planned"]:
-    """The processes a ``kind`` job's launcher starts (:func:`launch_plan`'s ``options``):
-    this host's, or with ``cluster.launcher=slurm`` every process of the job, on the nodes
-    of the Slurm allocation it runs in (which the launcher checked: ``slurm.check_launcher``)."""
-    if launcher(cfg) != "slurm":
-        return launch_plan(kind, workers, servers, cfg.cluster.host, **options)
-    from kspipe.modes import slurm
-
-    slurm.check_counts(cfg)
-    counts = [int(workers), int(servers) if kind == "pserver" else 0]
-    server_eps, worker_eps = slurm.endpoints(counts[1], counts[0])
-    options["threads"] = options.get("threads") or slurm.threads()
-    return launch_plan(kind, worker_eps, server_eps or None, every_host=True, **options)
-
-
-def launcher(cfg) -> str:
-    """Who starts the job's processes: ``processes`` (this one, itself) or ``slurm``."""
-    return cfg.cluster.get("launcher") or "processes"
-
-
-def slurm_steps(plan: list["Planned"]):
-    """Start each planned process as a Slurm job step on its node."""
-    from kspipe.modes import slurm
-
-    where = {(p.role, p.index): (slurm.node_of(p.endpoint), int(p.env["KSPIPE_THREADS"]))
-             for p in plan}
-
-    def wrap(role: str, index: int, command: list[str]) -> list[str]:
-        node, cpus = where[role, index]
-        return slurm.step(node, f"kspipe-{role}.{index}", command, cpus)
-
-    return wrap
 
 
 def why_stopped(err: BaseException) -> str:

@@ -28,9 +28,8 @@ from kspipe.files import user_path
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import Launcher, job_plan, run_cluster
+from kspipe.modes.launch import Launcher, run_cluster
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
-from kspipe.modes.slurm import check_launcher
 from kspipe.modes.tables import FleetTables, check_manifest
 
 
@@ -41,12 +40,12 @@ def kspipe_check_config(cfg):
 
 
 @hookimpl
-def kspipe_assign_role(cfg):
+def kspipe_assign_role(cfg, launcher):
     if role_from_environment("pserver"):
         check_environment("pserver")
         return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
-                                wait_push=cfg.cluster.wait_push, tables=resumed_tables(cfg)))
-    return PserverLauncher(cfg)
+                                wait_push=cfg.cluster.wait_push), resumed_tables(cfg))
+    return PserverLauncher(cfg, launcher)
 
 
 def resumed_tables(cfg) -> str | None:
@@ -73,7 +72,7 @@ class PserverRole(Role):
 
     mode = "pserver"
 
-    def __init__(self, cluster: dict | None = None):
+    def __init__(self, cluster: dict | None = None, resumed: str | None = None):
         super().__init__()
         import paddle
         import paddle.distributed.fleet as fleet
@@ -81,6 +80,7 @@ class PserverRole(Role):
         paddle.enable_static()
         self.fleet = fleet
         self.cluster = cluster or {"strategy": "async"}
+        self.resumed = resumed  # the folder of the servers' tables the job resumes from
         fleet.init(fleet.PaddleCloudRoleMaker(is_collective=False))
 
     # who am I
@@ -128,7 +128,7 @@ class PserverRole(Role):
 
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         if feeding == "dataset":
-            return self._register(FleetTables(self, optimizer, self.cluster.get("tables")))
+            return self._register(FleetTables(self, optimizer, self.resumed))
         return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))
 
     def parameter_sync(self, shapes: dict, strategy: str | None = None, k_steps: int | None = None,
@@ -164,10 +164,10 @@ class PserverLauncher(Launcher):
 
     mode = "pserver"
 
-    def __init__(self, cfg):
-        check_launcher(cfg, process_count(cfg.workers, "workers")
+    def __init__(self, cfg, launcher):
+        launcher.check(cfg, process_count(cfg.workers, "workers")
                        + process_count(cfg.servers, "servers"))
-        super().__init__(cfg, job_hosts("pserver", cfg))
+        super().__init__(cfg, job_hosts("pserver", cfg), launcher)
 
     def refuses(self, needs, cfg) -> str | None:
         return refusal(cfg.cluster.strategy, needs)
@@ -177,13 +177,13 @@ class PserverLauncher(Launcher):
         saved = resumed_tables(cfg)
         if saved:  # the servers' tables it would load: checked before any starts
             check_manifest(saved, process_count(cfg.servers, "servers"))
-        plan = job_plan("pserver", cfg, cfg.workers, cfg.servers,
-                        meeting_dir=os.path.join(reporter.run_dir, "gloo"),
-                        threads=cfg.cluster.threads,
-                        log_dir=os.path.join(reporter.run_dir, "debug"))
+        plan = self.launcher.plan("pserver", cfg, cfg.workers, cfg.servers,
+                                  meeting_dir=os.path.join(reporter.run_dir, "gloo"),
+                                  threads=cfg.cluster.threads,
+                                  log_dir=os.path.join(reporter.run_dir, "debug"))
         servers = sum(1 for p in plan if p.role == "server")
         workers = len(plan) - servers
         if not servers and not workers:
             raise ConfigError("nothing to start on this host")
         return run_cluster(cfg, reporter, plan, f"{servers} server(s) and {workers} worker(s) "
-                           f"({cfg.cluster.strategy})", hosts=self.hosts)
+                           f"({cfg.cluster.strategy})", hosts=self.hosts, launcher=self.launcher)

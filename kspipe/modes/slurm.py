@@ -27,23 +27,47 @@ import socket
 import subprocess
 import sys
 
+from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.modes.launch import Planned, launch_plan
+from kspipe.modes.launchers import ProcessLauncher
 
-LAUNCHERS = ("processes", "slurm", "paddlejob")
 
+class SlurmLauncher(ProcessLauncher):
+    """``cluster.launcher=slurm``: job steps of the allocation, or a job for sbatch."""
 
-def check_launcher(cfg, processes: int) -> None:
-    """Before anything starts (no run recorded yet): refuse a launcher that cannot start
-    the job's ``processes`` here, in one line."""
-    name = cfg.cluster.launcher
-    if name not in LAUNCHERS:
-        raise ConfigError(f"cluster.launcher={name!r} is not one of {', '.join(LAUNCHERS)}")
-    if name == "slurm":
+    name = "slurm"
+
+    def hands_off(self, cfg) -> bool:
+        return submits(cfg)
+
+    def hand_off(self, cfg, overrides: list[str]) -> str:
+        from kspipe.files import workdir
+
+        job = submit(cfg, cfg.run_dir, workdir())
+        return (f"submitted Slurm job {job}; follow it with squeue -j {job} and "
+                f"{os.path.join(cfg.run_dir, f'slurm-{job}.out')}")
+
+    def check(self, cfg, processes: int) -> None:
         check_counts(cfg)
         check_allocation(processes)
-    if name == "paddlejob":
-        raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
-                          "PaddleJob manifest; Kubernetes starts its processes")
+
+    def plan(self, kind: str, cfg, workers, servers=None, **options) -> list[Planned]:
+        """Every process of the job, on the allocation's nodes."""
+        check_counts(cfg)
+        server_eps, worker_eps = endpoints(int(servers) if kind == "pserver" else 0,
+                                           int(workers))
+        options["threads"] = options.get("threads") or threads()
+        return launch_plan(kind, worker_eps, server_eps or None, every_host=True, **options)
+
+    def command(self, planned: Planned, command: list[str]) -> list[str]:
+        return step(node_of(planned.endpoint), f"kspipe-{planned.role}.{planned.index}",
+                    command, int(planned.env["KSPIPE_THREADS"]))
+
+
+@hookimpl
+def kspipe_process_launchers():
+    return [SlurmLauncher()]
 
 
 def check_allocation(processes: int, env=os.environ) -> None:

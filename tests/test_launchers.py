@@ -1,0 +1,83 @@
+"""Process launchers are plugins: a third party's (tests/relay: ``cluster.launcher=relay``,
+each process started through a relay that notes it) found through its entry point, running
+a workload that is not kspipe's either (tests/bags), on a real loopback cluster.
+
+* the job ends with the parameters kspipe's own launcher gives, bit for bit (sync);
+* the launcher's own check refuses a job in one line, before any process starts;
+* an unknown launcher's error names the third party's among the choices;
+* ``kspipe plugins`` lists it.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_cli import assert_one_line_error
+
+HERE = Path(__file__).parent
+JOB = ["+experiment=bags", "tracking.enabled=false", "bags.ids=fixed", "mode=pserver",
+       "workers=2", "servers=2", "cluster.strategy=sync"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The launcher and the workload as installed plugins (packages and dist-infos)."""
+    import os
+
+    site = tmp_path_factory.mktemp("site")
+    for package, entry in (("kspipe_relay", "relay = kspipe_relay.plugin"),
+                           ("kspipe_bags", "bags = kspipe_bags.plugin")):
+        folder = HERE / ("relay" if package == "kspipe_relay" else "bags") / package
+        shutil.copytree(folder, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+        info = site / f"{package}-0.1.0.dist-info"
+        info.mkdir()
+        name = package.replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text(f"[kspipe]\n{entry}\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
+    return env
+
+
+def kspipe(env, cwd, *args):
+    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_third_party_launcher_starts_the_job(installed, tmp_path):
+    runs = {}
+    for launcher in ("processes", "relay"):
+        run_dir = tmp_path / launcher
+        result = kspipe(installed, tmp_path, *JOB, f"cluster.launcher={launcher}",
+                        f"run_dir={run_dir}")
+        assert result.returncode == 0, (launcher, result.stderr[-3000:])
+        runs[launcher] = dict(np.load(run_dir / "params.npz"))
+    relayed = (tmp_path / "relay" / "relayed.txt").read_text().split()
+    assert sorted(relayed[::2]) == ["server.0", "server.1", "worker.0", "worker.1"]
+    assert not (tmp_path / "processes" / "relayed.txt").exists()
+    for name, value in runs["processes"].items():
+        np.testing.assert_array_equal(runs["relay"][name], value, err_msg=name)
+
+
+def test_a_launchers_refusal_and_an_unknown_launcher_are_one_line(installed, tmp_path):
+    result = kspipe(installed, tmp_path, *JOB, "workers=4", "cluster.launcher=relay",
+                    f"run_dir={tmp_path / 'big'}")
+    assert_one_line_error(result, "cluster.launcher=relay starts at most 4 processes; this "
+                                  "job has 6")
+    assert not (tmp_path / "big" / "logs").exists()  # no process was started
+    result = kspipe(installed, tmp_path, *JOB, "cluster.launcher=relai",
+                    f"run_dir={tmp_path / 'typo'}")
+    assert_one_line_error(result, "cluster.launcher='relai' is not one of paddlejob, "
+                                  "processes, relay, slurm")
+
+
+def test_kspipe_plugins_lists_the_launcher(installed, tmp_path):
+    result = kspipe(installed, tmp_path, "plugins")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("relay ")]
+    assert "kspipe-relay 0.1.0" in line
+    assert "kspipe_process_launchers [cluster.launcher=relay]" in line
