@@ -25,7 +25,7 @@ _pm = None
 def main() -> None:
     """Console entry point."""
     global _pm
-    from kspipe.plugin_manager import get_plugin_manager
+    from kspipe.plugin_manager import get_plugin_manager, plugin_schemas
 
     args = sys.argv[1:]
     if args and args[0] == "plugins":
@@ -40,14 +40,15 @@ def main() -> None:
     try:
         _pm = get_plugin_manager()
         extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
+        schemas = plugin_schemas(_pm)
         check_experiments(args, extra_dirs)
-        check_config(args, extra_dirs)
+        check_config(args, extra_dirs, schemas)
     except KspipeError as err:
         fail(err)
     if extra_dirs:
         sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     sys.argv += search_direction(args)
-    register_schemas()  # hydra_main composes with them
+    register_schemas(schemas)  # hydra_main composes with them
     hydra_main()
     from kspipe.observers.sweep import FAILED_JOBS
 
@@ -88,7 +89,7 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
 SWEEP_CHECKS = 32
 
 
-def check_config(args: list[str], extra_dirs: list[str]) -> None:
+def check_config(args: list[str], extra_dirs: list[str], schemas: dict) -> None:
     """Compose the config as Hydra is about to, so that a value of the wrong type or an
     unknown key is one line (:func:`kspipe.config.compose`), not Hydra's several.
 
@@ -104,7 +105,7 @@ def check_config(args: list[str], extra_dirs: list[str]) -> None:
     overrides, multirun = given
     variants = sweep_variants(overrides) if multirun else [overrides]
     for variant in itertools.islice(variants, 1 + SWEEP_CHECKS):
-        compose(variant, extra_dirs)
+        compose(variant, extra_dirs, schemas)
 
 
 def command_line_overrides(args: list[str]):

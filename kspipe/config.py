@@ -13,11 +13,12 @@ import difflib
 from kspipe.errors import ConfigError, check_integer
 
 
-def compose(overrides=(), config_dirs=()):
+def compose(overrides=(), config_dirs=(), schemas=None):
     """The config ``kspipe <overrides>`` would run, composed without starting a job.
 
-    ``config_dirs`` are more config folders (``pkg://...``), as plugins add.  A value of the
-    wrong type, a key no schema knows or an unknown option raises :class:`ConfigError`.
+    ``config_dirs`` are more config folders (``pkg://...``) and ``schemas`` the config
+    groups' dataclasses (``{group: dataclass}``), as plugins add.  A value of the wrong
+    type, a key no schema knows or an unknown option raises :class:`ConfigError`.
     """
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -26,7 +27,7 @@ def compose(overrides=(), config_dirs=()):
 
     from kspipe.schema import register_schemas
 
-    register_schemas()
+    register_schemas(schemas)
     overrides = list(overrides)
     if config_dirs:
         overrides.append(f"hydra.searchpath=[{','.join(config_dirs)}]")

@@ -44,6 +44,16 @@ def kspipe_config_dirs() -> list[str]:
 
 
 @hookspec
+def kspipe_config_schemas() -> dict[str, type]:
+    """Return ``{group: dataclass}``: the schemas of the config groups this plugin owns.
+
+    Each becomes a typed key of the config before the experiment and the command line are
+    merged in, so a misspelt key or a value of the wrong type in the group is refused in
+    one line, as in kspipe's own groups, and every field's default is in the config.
+    """
+
+
+@hookspec
 def kspipe_process_launchers() -> list[ProcessLauncher]:
     """Return the process launchers this plugin adds, each chosen by its ``name`` with
     ``cluster.launcher=<name>`` (base class :class:`kspipe.modes.launchers.ProcessLauncher`:

@@ -146,3 +146,21 @@ def process_launcher(pm: pluggy.PluginManager, cfg):
         raise ConfigError(f"cluster.launcher={name!r} is not one of "
                           f"{', '.join(sorted(launchers))}")
     return launchers[name]
+
+
+def plugin_schemas(pm: pluggy.PluginManager) -> dict:
+    """``{group: dataclass}`` of every plugin's ``kspipe_config_schemas``; a group declared
+    twice or as a non-dataclass is one line."""
+    import dataclasses
+
+    schemas: dict = {}
+    for found in pm.hook.kspipe_config_schemas():
+        for group, schema in (found or {}).items():
+            if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+                raise ConfigError(f"a plugin's schema for the config group {group!r} is not a "
+                                  f"dataclass ({schema!r})")
+            if group in schemas and schemas[group] is not schema:
+                raise ConfigError(f"two plugins declare the config group {group!r} "
+                                  f"({schemas[group].__qualname__} and {schema.__qualname__})")
+            schemas[group] = schema
+    return schemas

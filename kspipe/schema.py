@@ -68,12 +68,15 @@ class TrackingConfig:
     register: Optional[str] = None  # also register the run's MLflow model under this name
 
 
-def register_schemas() -> None:
+def register_schemas(plugins: dict | None = None) -> None:
     """Store every group's schema in Hydra's ConfigStore; call it before Hydra composes.
 
-    Storing again replaces each entry with the same one, so calling it twice is harmless.
-    Like :func:`kspipe.plugin_manager.builtin_plugins`, this is where the core names the
+    Storing again replaces each entry, so calling it twice is harmless.  Like
+    :func:`kspipe.plugin_manager.builtin_plugins`, this is where the core names the
     built-in plugins' modules: each ``kspipe/<owner>/config.py`` stores its own groups.
+    ``plugins``: ``{group: dataclass}`` of the installed plugins' own groups
+    (:func:`kspipe.plugin_manager.plugin_schemas`), stored together as the config
+    ``plugins``, which the defaults list merges right after the top-level keys.
     """
     from hydra.core.config_store import ConfigStore
 
@@ -93,6 +96,25 @@ def register_schemas() -> None:
         store.store(group=group, name="core", node=schema)
     for owner in (fewshot, reptile, datafeed, ctr, modes):
         owner.register(store)
+    groups = {name for name in store.list("") if not name.endswith(".yaml")}
+    store.store(name="plugins", node=plugin_groups(plugins or {}, groups))
+
+
+def plugin_groups(schemas: dict, groups: set):
+    """The plugins' groups as one open mapping, each a typed node of its dataclass; a
+    group named as one of kspipe's own ``groups`` or top-level keys is one line."""
+    from omegaconf import OmegaConf
+
+    from kspipe.errors import ConfigError
+
+    taken = sorted((groups | set(OmegaConf.structured(CoreConfig))) & set(schemas))
+    if taken:
+        raise ConfigError(f"a plugin declares the config group {taken[0]!r}, which is "
+                          f"kspipe's own")
+    root = OmegaConf.create()
+    for group, schema in sorted(schemas.items()):
+        root[group] = OmegaConf.structured(schema)
+    return root
 
 
 def open_root(schema):

@@ -1,5 +1,5 @@
 """A small test kit for kspipe and its plugins: compose configs, build plugin managers,
-make tiny data sets and run a tiny pipeline.
+install plugins and run the command, make tiny data sets and run a tiny pipeline.
 
     from kspipe.testing import compose_config, tiny_overrides
     cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, data)])
@@ -17,7 +17,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 from kspipe import hookimpl  # noqa: E402
 
 
-def compose_config(overrides: list[str] = (), config_dirs: list[str] = ()):
+def compose_config(overrides: list[str] = (), config_dirs: list[str] = (), schemas=None):
     """The config ``kspipe <overrides>`` would run, composed without starting a job.
 
     It is composed with kspipe's schemas (:func:`kspipe.config.compose`): a value of the
@@ -25,7 +25,7 @@ def compose_config(overrides: list[str] = (), config_dirs: list[str] = ()):
     """
     from kspipe.config import compose
 
-    return compose(overrides, config_dirs)
+    return compose(overrides, config_dirs, schemas)
 
 
 def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int = 0) -> Path:
@@ -70,6 +70,37 @@ def plugin_manager(*plugins, load_entrypoints: bool = False):
         pm.register(obj, name=name)
     pm.check_pending()
     return pm
+
+
+def install_plugin(site: Path, package: Path, entry_point: str, version: str = "0.1.0") -> None:
+    """Install the plugin package folder ``package`` into the folder ``site`` as pip would:
+    a copy of it and a dist-info whose entry point ``entry_point`` (``name = module``) is in
+    kspipe's group.  :func:`plugin_env` then finds it."""
+    import shutil
+
+    shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / f"{package.name}-{version}.dist-info"
+    info.mkdir()
+    name = package.name.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[kspipe]\n{entry_point}\n")
+
+
+def plugin_env(site: Path) -> dict:
+    """The environment of a ``kspipe`` command that loads the plugins installed in ``site``."""
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
+    return env
+
+
+def run_kspipe(*args: str, cwd, env: dict | None = None, timeout: float = 600):
+    """``kspipe <args>`` in a process of its own, in ``cwd``; its ``CompletedProcess``
+    (text output captured)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 class HookRecorder:

@@ -83,14 +83,19 @@ def test_values_that_may_take_several_types_stay_legal():
 ])
 def test_a_plugin_experiment_adds_a_top_level_key_of_its_own(monkeypatch, plugin, experiment,
                                                              key):
+    """With a schema of its own (the classifier's) or without one (shapes': an open key)."""
+    import importlib
+
     monkeypatch.syspath_prepend(str(PLUGINS / plugin))
     package = plugin.replace("-", "_")
+    schemas = importlib.import_module(f"{package}.plugin").kspipe_config_schemas() \
+        if key == "classifier" else None
     cfg = compose_config([f"+experiment={experiment}", f"{key}.seed=3"],
-                         config_dirs=[f"pkg://{package}.conf"])
+                         config_dirs=[f"pkg://{package}.conf"], schemas=schemas)
     assert cfg[key].seed == 3
     with pytest.raises(ConfigError, match="train has no key 'meta_iter'"):
         compose_config([f"+experiment={experiment}", "train.meta_iter=3"],
-                       config_dirs=[f"pkg://{package}.conf"])
+                       config_dirs=[f"pkg://{package}.conf"], schemas=schemas)
 
 
 def test_the_defaults_are_those_of_the_old_config_yaml():
@@ -146,3 +151,43 @@ def test_a_worker_loads_the_resolved_config_as_plain_yaml(tmp_path):
     loaded = OmegaConf.load(tmp_path / "job.yaml")  # as kspipe.worker does
     assert loaded == OmegaConf.to_container(cfg, resolve=True)
     assert loaded.stages.role == "pserver" and loaded.datafeed.print_period_s == 5
+
+
+@pytest.fixture
+def bags(monkeypatch):
+    """The tests' workload plugin (tests/bags), whose group ``bags`` has a schema:
+    ``compose(overrides)`` composes with its config folder and schema."""
+    monkeypatch.syspath_prepend(str(Path(__file__).with_name("bags")))
+    from kspipe_bags.plugin import BagsConfig
+
+    def compose(*overrides):
+        return compose_config(["+experiment=bags", *overrides], ["pkg://kspipe_bags.conf"],
+                              {"bags": BagsConfig})
+
+    return compose
+
+
+def test_a_plugins_group_has_its_schemas_defaults_and_checks(bags):
+    cfg = bags("bags.learning_rate=0.25")
+    assert cfg.bags.learning_rate == 0.25 and cfg.bags.batch_size == 64  # the default
+    for override, line in (
+            ("bags.batch_sise=32", "bags.batch_sise=32: bags has no key 'batch_sise' "
+                                   "(did you mean bags.batch_size?)"),
+            ("+bags.batch_sise=32", "+bags.batch_sise=32: bags has no key 'batch_sise' "
+                                    "(did you mean bags.batch_size?)"),
+            ("bags.batch_size=abc", "bags.batch_size=abc: must be an integer")):
+        with pytest.raises(ConfigError) as err:
+            bags(override)
+        assert str(err.value) == line
+
+
+def test_a_plugin_cannot_take_a_group_of_kspipes(monkeypatch):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Train:
+        steps: int = 1
+
+    with pytest.raises(ConfigError, match="a plugin declares the config group 'train', "
+                                          "which is kspipe's own"):
+        compose_config([], schemas={"train": Train})

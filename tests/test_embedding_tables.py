@@ -9,14 +9,14 @@ tests (tests/bags: bag-of-ids regression through ``role.embedding`` and
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from kspipe import testing
 
 BAGS = Path(__file__).with_name("bags")
 SMALL = ["tracking.enabled=false"]
@@ -26,15 +26,8 @@ SMALL = ["tracking.enabled=false"]
 def plugin_env(tmp_path_factory):
     """The workload as an installed plugin: its package and a dist-info with its entry point."""
     site = tmp_path_factory.mktemp("site")
-    shutil.copytree(BAGS / "kspipe_bags", site / "kspipe_bags",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    info = site / "kspipe_bags-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kspipe-bags\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[kspipe]\nbags = kspipe_bags.plugin\n")
-    env = dict(os.environ, PYTHONPATH=str(site))
-    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
-    return env
+    testing.install_plugin(site, BAGS / "kspipe_bags", "bags = kspipe_bags.plugin")
+    return testing.plugin_env(site)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
 
 
 def test_every_hook_is_prefixed_and_documented():
-    assert len(HOOKS) == 19
+    assert len(HOOKS) == 20
     for name in HOOKS:
         doc = inspect.getdoc(getattr(hookspecs, name))
         assert doc and len(doc) > 40, name
@@ -95,7 +95,8 @@ def test_config_chooses_the_plugin_of_each_stage_and_every_hook_fires(tiny_cfg):
     assert spy.order == list(STAGES.values())
     fired = set(spy.order) | set(recorder.names())
     assert fired | {"kspipe_run_error", "kspipe_on_stage_error", "kspipe_config_dirs",
-                    "kspipe_describe_workload", "kspipe_process_launchers"} == set(HOOKS)
+                    "kspipe_describe_workload", "kspipe_process_launchers",
+                    "kspipe_config_schemas"} == set(HOOKS)
     assert pm.hook.kspipe_config_dirs() == [[]]
 
 

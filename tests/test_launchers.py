@@ -8,14 +8,12 @@ a workload that is not kspipe's either (tests/bags), on a real loopback cluster.
 * ``kspipe plugins`` lists it.
 """
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kspipe.testing import install_plugin, plugin_env, run_kspipe
 from test_cli import assert_one_line_error
 
 HERE = Path(__file__).parent
@@ -25,27 +23,15 @@ JOB = ["+experiment=bags", "tracking.enabled=false", "bags.ids=fixed", "mode=pse
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The launcher and the workload as installed plugins (packages and dist-infos)."""
-    import os
-
+    """The launcher and the workload as installed plugins."""
     site = tmp_path_factory.mktemp("site")
-    for package, entry in (("kspipe_relay", "relay = kspipe_relay.plugin"),
-                           ("kspipe_bags", "bags = kspipe_bags.plugin")):
-        folder = HERE / ("relay" if package == "kspipe_relay" else "bags") / package
-        shutil.copytree(folder, site / package, ignore=shutil.ignore_patterns("__pycache__"))
-        info = site / f"{package}-0.1.0.dist-info"
-        info.mkdir()
-        name = package.replace("_", "-")
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
-        (info / "entry_points.txt").write_text(f"[kspipe]\n{entry}\n")
-    env = dict(os.environ, PYTHONPATH=str(site))
-    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
-    return env
+    install_plugin(site, HERE / "relay" / "kspipe_relay", "relay = kspipe_relay.plugin")
+    install_plugin(site, HERE / "bags" / "kspipe_bags", "bags = kspipe_bags.plugin")
+    return plugin_env(site)
 
 
 def kspipe(env, cwd, *args):
-    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_kspipe(*args, cwd=cwd, env=env)
 
 
 def test_a_third_party_launcher_starts_the_job(installed, tmp_path):

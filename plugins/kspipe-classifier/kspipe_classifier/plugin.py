@@ -36,17 +36,37 @@ def kspipe_describe_workload(cfg):
                     summary=("test_accuracy", "train_accuracy", "samples_per_s"))
 
 
+@dataclass
+class ClassifierConfig:
+    """The ``classifier`` group: its keys, their types and defaults (kspipe refuses a
+    misspelt key or a value of the wrong type in one line)."""
+
+    classes: int = 4           # blobs, one per class
+    features: int = 8          # dimensions of a point
+    spread: float = 1.2        # each blob's standard deviation (their centres are ~3 apart)
+    train_points: int = 4000
+    test_points: int = 1000
+    hidden: int = 32           # the MLP's hidden layer
+    learning_rate: float = 0.1  # SGD
+    batch_size: int = 64       # the global batch: each worker takes its slice of it
+    epochs: int = 3
+    seed: int = 0
+
+
+@hookimpl
+def kspipe_config_schemas():
+    return {NAME: ClassifierConfig}
+
+
 @hookimpl
 def kspipe_check_config(cfg):
+    """The ranges (the schema checks keys and types)."""
     if cfg.stages.program != NAME:
         return
-    c = cfg.get("classifier")
-    if c is None:
-        raise ConfigError("stages.program=classifier needs the classifier settings: "
-                          "run +experiment=blobs")
+    c = cfg.classifier
     for key, minimum in (("classes", 2), ("features", 1), ("train_points", 1),
                          ("test_points", 1), ("hidden", 1), ("batch_size", 1), ("epochs", 1)):
-        check_integer(c.get(key), f"classifier.{key}", minimum)
+        check_integer(c[key], f"classifier.{key}", minimum)
     check_number(c.learning_rate, "classifier.learning_rate", 0, above=True)
     check_number(c.spread, "classifier.spread", 0, above=True)
 

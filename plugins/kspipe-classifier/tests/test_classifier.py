@@ -3,7 +3,6 @@ mode, and the modes really exchange: collective workers=2 and parameter servers 
 sync strategy end with the model one process trains on the whole batches."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from kspipe.testing import plugin_env, run_kspipe
 
 PLUGIN = Path(__file__).resolve().parents[1]
 
@@ -29,14 +30,11 @@ def installed(tmp_path_factory):
                                                                   "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(site), str(source)], check=True, timeout=600)
-    env = dict(os.environ, PYTHONPATH=str(site))
-    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
-    return env
+    return plugin_env(site)
 
 
 def kspipe(env, cwd, *args):
-    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_kspipe(*args, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +94,16 @@ def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_p
     assert result.returncode != 0
     assert "classifier.batch_size=64 must divide among the 3 workers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_misspelt_key_or_a_wrong_type_is_one_line(installed, tmp_path):
+    """The plugin's schema (ClassifierConfig) checks its group as kspipe's own are."""
+    for override, line in (
+            ("classifier.batch_sise=32", "kspipe: error: classifier.batch_sise=32: classifier "
+                                         "has no key 'batch_sise' (did you mean "
+                                         "classifier.batch_size?)"),
+            ("classifier.epochs=two", "kspipe: error: classifier.epochs=two: must be an "
+                                      "integer")):
+        result = kspipe(installed, tmp_path, "+experiment=blobs", override, *SMALL)
+        assert result.returncode != 0
+        assert result.stderr.strip().splitlines() == [line], result.stderr

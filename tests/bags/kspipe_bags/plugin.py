@@ -22,9 +22,30 @@ from kspipe.incremental import start_from
 NAME = "bags"
 
 
+@dataclass
+class BagsConfig:
+    """The ``bags`` group."""
+
+    ids: str = "fixed"       # fixed: [-1, words]; single: [-1, 1]; sequence: LoD, 1 to `words` ids
+    vocabulary: int = 100    # rows of the embedding table
+    width: int = 8           # its columns
+    words: int = 5           # ids per bag
+    train_points: int = 4096
+    test_points: int = 1024
+    batch_size: int = 64     # the global batch: each worker takes its slice of it
+    epochs: int = 4
+    learning_rate: float = 0.5  # SGD
+    seed: int = 0
+
+
 @hookimpl
 def kspipe_config_dirs():
     return ["pkg://kspipe_bags.conf"]
+
+
+@hookimpl
+def kspipe_config_schemas():
+    return {NAME: BagsConfig}
 
 
 @hookimpl
