@@ -36,7 +36,8 @@ def main() -> None:
         from kspipe.datafeed.cli import main as datafeed_main
 
         sys.exit(datafeed_main(args[1:]))
-    stopping.install()
+    if not ANSWERS.intersection(args):  # a job may run: Paddle's signal handlers go
+        stopping.install()
     try:
         _pm = get_plugin_manager()
         extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
@@ -55,6 +56,12 @@ def main() -> None:
     if FAILED_JOBS:
         print_error(f"{len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}")
         sys.exit(1)
+
+
+#: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
+#: most of a second).
+ANSWERS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve",
+           "--shell-completion", "-sc"}
 
 
 def search_direction(args: list[str]) -> list[str]:
