@@ -98,3 +98,56 @@ def test_links_to_repository_files_lead_somewhere(doc):
         if not (doc.parent / target.split("#")[0]).exists():
             broken.append(target)
     assert not broken, f"{doc.name} links to files that are not there: {broken}"
+
+
+#: ``kspipe.<module>.<name>(<parameters>)`` in a code span of the guide.
+HELPER = re.compile(r"`(kspipe(?:\.\w+)+)\.(\w+)\(((?:[^()`]|\([^()`]*\))*)\)`")
+
+
+def helpers_named(text: str) -> dict:
+    """``{"kspipe.mod.name": [written parameter, ...]}`` of the guide's helper spans."""
+    return {f"{module}.{name}": [a.strip() for a in args.split(",") if a.strip()]
+            for module, name, args in HELPER.findall(text)}
+
+
+def written(parameter) -> str:
+    """A parameter as the guide writes it: ``name``, ``name=default``, ``*name``."""
+    if parameter.kind is parameter.VAR_POSITIONAL:
+        return f"*{parameter.name}"
+    if parameter.default is parameter.empty:
+        return parameter.name
+    default = parameter.default
+    return f"{parameter.name}={default!r}".replace("'", '"') if isinstance(default, str) \
+        else f"{parameter.name}={default}"
+
+
+def test_every_helper_in_the_plugin_guide_has_its_signature():
+    import importlib
+
+    found = helpers_named(PLUGINS_MD.read_text())
+    assert len(found) >= 10
+    for path, args in found.items():
+        module, _, name = path.rpartition(".")
+        helper = getattr(importlib.import_module(module), name)
+        if "..." in args:  # an example call, not the signature
+            continue
+        expected = [written(p) for p in inspect.signature(helper).parameters.values()]
+        assert args == expected, f"docs/plugins.md writes `{path}({', '.join(args)})`"
+
+
+def test_the_helpers_the_example_plugins_use_are_in_the_plugin_guide():
+    """Every function of kspipe that the shipped plugins (and the tests' own) import."""
+    import importlib
+
+    documented = set(helpers_named(PLUGINS_MD.read_text()))
+    sources = [*(ROOT / "plugins").glob("*/*/*.py"), *(ROOT / "plugins").glob("*/tests/*.py"),
+               *(ROOT / "tests").glob("*/kspipe_*/*.py")]
+    used = set()
+    for source in sources:
+        for module, names in re.findall(r"^\s*from (kspipe(?:\.\w+)*) import ([\w, ]+)$",
+                                        source.read_text(), re.M):
+            for name in (n.strip() for n in names.split(",")):
+                if inspect.isfunction(getattr(importlib.import_module(module), name, None)):
+                    used.add(f"{module}.{name}")
+    assert used, "no helper found in the example plugins"
+    assert not used - documented, f"not in docs/plugins.md: {sorted(used - documented)}"
