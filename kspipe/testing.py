@@ -103,6 +103,24 @@ def run_kspipe(*args: str, cwd, env: dict | None = None, timeout: float = 600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+class QuietReporter:
+    """A reporter that shows nothing, for a stage or learner called outside a run."""
+
+    run_dir = ""
+
+    def progress(self, *args, **kwargs) -> None:
+        pass
+
+    def say(self, message: str) -> None:
+        pass
+
+    def metrics(self, *args, **kwargs) -> None:
+        pass
+
+    def artifact(self, *args, **kwargs) -> None:
+        pass
+
+
 class HookRecorder:
     """A plugin that records every lifecycle hook call, to assert what a run reported."""
 

@@ -17,15 +17,11 @@ import numpy as np
 from kspipe.modes.exchange import ParameterExchange, StrategyExchange
 from kspipe.modes.pserver import PserverRole
 from kspipe.modes.role import read_vars, write_vars
+from kspipe.testing import QuietReporter
 
 SHAPES = {"shared": [4], "own": [2, 3], "third": [5]}  # several tables to spread
 START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
          "third": np.full(5, 7.0, np.float32)}
-
-
-class Quiet:
-    def say(self, message):
-        pass
 
 
 def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = True) -> None:
@@ -34,7 +30,7 @@ def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = T
     role = PserverRole(dict(strategy=strategy, k_steps=k_steps, wait_push=wait_push))
     if role.is_server():
         ParameterExchange(SHAPES)
-        role.run_server(Quiet())
+        role.run_server(QuietReporter())
         return
     w = role.worker_index()
     scope = paddle.static.Scope()

@@ -6,13 +6,7 @@ import pytest
 from kspipe.fewshot.data import sample_task
 from kspipe.reptile.learner import EVAL_TEST_STREAM, ReptileLearner, nchw
 from kspipe.reptile.programs import THETA, meta_step_size
-
-
-class Quiet:
-    run_dir = ""
-
-    def progress(self, *args, **kwargs):
-        pass
+from kspipe.testing import QuietReporter
 
 
 @pytest.fixture
@@ -30,7 +24,7 @@ def make_learner(tiny_cfg):
         programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
         programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
         learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
-                                 paddle.static.Scope(), Quiet())
+                                 paddle.static.Scope(), QuietReporter())
         learner.initialize()
         return learner
 

@@ -10,17 +10,7 @@ import pytest
 from kspipe.errors import ConfigError
 from kspipe.modes.role import Role
 from kspipe.pipeline import run
-from kspipe.testing import compose_config, plugin_manager, tiny_overrides
-
-
-class Quiet:
-    run_dir = ""
-
-    def progress(self, *args, **kwargs):
-        pass
-
-    def say(self, message):
-        pass
+from kspipe.testing import QuietReporter, compose_config, plugin_manager, tiny_overrides
 
 
 class Worker(Role):
@@ -54,8 +44,8 @@ def reference(cfg, iterations):
     for w in range(2):
         programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
         programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-        learner = ReptileLearner(cfg, dataset, programs, exe, paddle.static.Scope(), Quiet(),
-                                 Worker(w))
+        learner = ReptileLearner(cfg, dataset, programs, exe, paddle.static.Scope(),
+                                 QuietReporter(), Worker(w))
         learner.initialize()
         learners.append(learner)
     names = learners[0].p.params
@@ -83,7 +73,7 @@ def reference_alone(cfg, iterations):
     programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
     programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
     learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), Quiet(), Worker(0))
+                             paddle.static.Scope(), QuietReporter(), Worker(0))
     learner.initialize()
     for iteration in range(0, iterations, 2):
         learner.meta_iteration(iteration, learner.train_tasks(iteration))

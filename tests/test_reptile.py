@@ -5,14 +5,7 @@ import pytest
 
 from kspipe.reptile.programs import THETA, build_programs, inner_batches, meta_step_size
 from kspipe.reptile.learner import ReptileLearner
-from kspipe.testing import compose_config
-
-
-class Quiet:
-    run_dir = ""
-
-    def progress(self, *args, **kwargs):
-        pass
+from kspipe.testing import QuietReporter, compose_config
 
 
 @pytest.fixture
@@ -22,7 +15,7 @@ def learner():
     cfg = compose_config(["model.filters=8", "task.ways=3"])
     programs = build_programs((28, 28, 1), 3, cfg.model, 0.01, seed=0)
     exe = paddle.static.Executor(paddle.CPUPlace())
-    learner = ReptileLearner(cfg, None, programs, exe, paddle.static.Scope(), Quiet())
+    learner = ReptileLearner(cfg, None, programs, exe, paddle.static.Scope(), QuietReporter())
     learner.initialize()
     return learner
 

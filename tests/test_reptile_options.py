@@ -9,14 +9,7 @@ from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, build_programs, inner_batches, tail_split
-from kspipe.testing import compose_config, plugin_manager, tiny_overrides
-
-
-class Quiet:
-    run_dir = ""
-
-    def progress(self, *args, **kwargs):
-        pass
+from kspipe.testing import QuietReporter, compose_config, plugin_manager, tiny_overrides
 
 
 def make_learner(*overrides, shape=(28, 28, 1), ways=3):
@@ -27,7 +20,7 @@ def make_learner(*overrides, shape=(28, 28, 1), ways=3):
                               inner_optimizer=cfg.train.inner_optimizer,
                               weight_decay=cfg.train.weight_decay)
     learner = ReptileLearner(cfg, None, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), Quiet())
+                             paddle.static.Scope(), QuietReporter())
     learner.initialize()
     return learner
 
