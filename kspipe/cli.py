@@ -200,7 +200,12 @@ def hydra_main(cfg) -> float:
     from kspipe.pipeline import check, run
     from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
+    from kspipe.plugin_manager import get_plugin_manager
 
+    global _pm
+    if _pm is None:  # a job process of Hydra's launcher (submitit's Slurm jobs): no main()
+        stopping.install()
+        _pm = get_plugin_manager()
     hydra_cfg = HydraConfig.get()
     job = job_label(hydra_cfg.overrides.task) if hydra_cfg.mode == RunMode.MULTIRUN else None
     with open_dict(cfg):

@@ -358,6 +358,32 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny
 
 
 @needs_slurm
+def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data, launched,
+                                                            slurm):
+    """``kspipe -m hydra/launcher=submitit_slurm``: each job of the sweep is a Slurm job
+    (hydra-submitit-launcher's), the parent and child runs are a local sweep's, and the
+    workers=2 job trains what kspipe's own launcher does, bit for bit."""
+    sweep = tmp_path / "sweep"
+    job = [o for o in overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli", "-m", "hydra/launcher=submitit_slurm",
+         "hydra.launcher.mem_gb=null", *job, "workers=1,2", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kspipe: best: workers=" in result.stderr
+    logs = sorted((sweep / ".submitit").glob("*_*/*_log.out"))  # <Slurm job>_<task>
+    assert len(logs) == 2
+    for log in logs:
+        assert "kspipe: done: test_accuracy" in log.read_text(), tail(log)
+    assert runs(tmp_path) == [("FINISHED",)] * 3  # the sweep's parent and its two jobs
+    got = final_weights(sweep / "1")  # workers=2
+    for name, value in launched.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert nothing_queued(slurm)
+
+
+@needs_slurm
 def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
         tmp_path, tiny_data, slurm):
     job = ["+experiment=omniglot_5way", f"train.meta_iters={ITERATIONS}",

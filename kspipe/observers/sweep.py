@@ -89,8 +89,11 @@ class SweepCallback(Callback):
                        plot_comparison(rows, workloads, os.path.join(folder, "comparison.png"))]
             names = unique(w.name for w in workloads) or [self.workload.name]
             tags = {"kspipe.workload": ",".join(names), **best_job(rows, workloads)}
-            failed = FAILED_JOBS or [r["job"] for r in rows if r["status"] != "FINISHED"]
-            status = "FAILED" if failed else "FINISHED"
+            counted = {failure.partition(":")[0] for failure in FAILED_JOBS}
+            FAILED_JOBS.extend(  # jobs another launcher ran (submitit's Slurm jobs)
+                f"{r['job']}: its run ended {r['status']}" for r in rows
+                if r["status"] != "FINISHED" and str(r["job"]) not in counted)
+            status = "FAILED" if FAILED_JOBS else "FINISHED"
         finally:
             tracking.finish_parent_run(config, self.parent_id, status,
                                        [path for path in outputs if path], tags)
