@@ -96,7 +96,7 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
 SWEEP_CHECKS = 32
 
 
-def check_config(args: list[str], extra_dirs: list[str], schemas: dict) -> None:
+def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = None) -> None:
     """Compose the config as Hydra is about to, so that a value of the wrong type or an
     unknown key is one line (:func:`kspipe.config.compose`), not Hydra's several.
 
