@@ -196,11 +196,9 @@ def hydra_main(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from kspipe.plugin_manager import process_launcher
-    from kspipe.pipeline import check, run
-    from kspipe.plugin_manager import describe_workload
     from kspipe.observers.sweep import FAILED_JOBS, job_label
-    from kspipe.plugin_manager import get_plugin_manager
+    from kspipe.pipeline import check, run
+    from kspipe.plugin_manager import describe_workload, get_plugin_manager, process_launcher
 
     global _pm
     if _pm is None:  # a job process of Hydra's launcher (submitit's Slurm jobs): no main()

@@ -22,6 +22,7 @@ from __future__ import annotations
 from kspipe import hookimpl
 from kspipe.modes.launch import Planned, launch_plan
 
+
 class ProcessLauncher:
     """``cluster.launcher=processes``, and the base of every process launcher: each method
     is one decision a launcher makes, in the order kspipe asks."""

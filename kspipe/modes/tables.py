@@ -22,6 +22,21 @@ PUSHES = "_kspipe_dense_pushes"
 DENSE_ADAM_BETAS = {"Beta1Pow": 0.9, "Beta2Pow": 0.999}
 POWERS_PER_PUSH = 10
 
+
+def distributed_tables(program) -> set:
+    """The sparse tables on the servers that ``program`` looks ids up in (the tables
+    ``role.embedding`` made: ``sparse_embedding``)."""
+    return {op.input("W")[0] for op in program.global_block().ops
+            if op.type == "lookup_table" and op.attr("is_distributed")}
+
+
+def pushes_counted(scope) -> float:
+    """This worker's dense pushes so far, as its counter in ``scope`` says."""
+    import numpy as np
+
+    return float(np.array(scope.find_var(PUSHES).get_tensor())[0])
+
+
 class FleetTables(ParameterSync):
     """Fleet's own async transpiling, for workloads trained with ``train_from_dataset``."""
 
@@ -58,10 +73,8 @@ class FleetTables(ParameterSync):
         context = self.role.fleet.fleet._runtime_handle.context
         for main, startup in zip(context["origin_main_programs"],
                                  context["origin_startup_programs"]):
-            ops = main.global_block().ops
-            sparse = {op.input("W")[0] for op in ops
-                      if op.type == "lookup_table" and op.attr("is_distributed")}
-            powers = {op.input(name)[0]: beta for op in ops
+            sparse = distributed_tables(main)
+            powers = {op.input(name)[0]: beta for op in main.global_block().ops
                       if op.type == "adam" and op.input("Param")[0] not in sparse
                       for name, beta in DENSE_ADAM_BETAS.items()}
             for op in startup.global_block().ops:
@@ -80,9 +93,7 @@ class FleetTables(ParameterSync):
         to server k % servers, so the keys still spread over every server.
         """
         servers = len(self.role.get_pserver_endpoints())
-        tables = {op.input("W")[0] for op in program.global_block().ops
-                  if op.type == "lookup_table" and op.attr("is_distributed")}
-        for name in sorted(tables):  # the tables role.embedding made (sparse_embedding)
+        for name in sorted(distributed_tables(program)):
             table = strategy.sparse_table_configs.add()
             table.table_name = name
             table.shard_num = servers
@@ -108,7 +119,7 @@ class FleetTables(ParameterSync):
         import numpy as np
 
         self.role.fleet.fleet._runtime_handle._worker.client_flush()
-        counter = float(np.array(self.scope.find_var(PUSHES).get_tensor())[0])
+        counter = pushes_counted(self.scope)
         made, total = np.array([counter - self.counted]), np.zeros(1)
         self.role.all_reduce_worker(made, total, "sum")  # a barrier of the workers too
         self.pushes += int(round(total[0]))
@@ -130,8 +141,6 @@ class FleetTables(ParameterSync):
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
         then takes their dense part."""
-        import numpy as np
-
         self.role.barrier_worker()
         if self.role.is_first_worker():
             check_manifest(folder, len(self.role.get_pserver_endpoints()), self.layout())
@@ -139,7 +148,7 @@ class FleetTables(ParameterSync):
         self.role.barrier_worker()
         pull_all_dense(self.role.fleet)
         self.pushes = read_manifest(folder).get("dense_pushes", 0)
-        self.counted = float(np.array(scope.find_var(PUSHES).get_tensor())[0])
+        self.counted = pushes_counted(scope)
 
     def load_rows(self, rows: dict, folder: str) -> None:
         """Every worker calls it, after :meth:`connect`: the servers' sparse tables get
