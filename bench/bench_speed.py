@@ -63,7 +63,7 @@ def reference_job(args) -> None:
     from kspipe.fewshot import plugin as fewshot
     from kspipe.fewshot.data import sample_task
     from kspipe.modes.role import Role
-    from kspipe.reptile.learner import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, TRAIN_STREAM, nchw
+    from kspipe.reptile.tasks import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, TRAIN_STREAM, nchw
     from kspipe.reptile.programs import build_programs, inner_batches, meta_step_size
     from kspipe.testing import compose_config
 

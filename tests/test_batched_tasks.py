@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from kspipe.fewshot.data import sample_task
-from kspipe.reptile.learner import EVAL_TEST_STREAM, ReptileLearner, nchw
+from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, meta_step_size
+from kspipe.reptile.tasks import EVAL_TEST_STREAM, nchw
 from kspipe.testing import QuietReporter
 
 

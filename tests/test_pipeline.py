@@ -56,7 +56,7 @@ def test_inference_model_loads_and_classifies_a_task(tiny_cfg, tiny_data):
     import paddle
 
     from kspipe.fewshot.data import read_omniglot, sample_task
-    from kspipe.reptile.learner import nchw
+    from kspipe.reptile.tasks import nchw
 
     cfg = tiny_cfg()
     run(cfg, plugin_manager())

@@ -233,7 +233,8 @@ def reference_adaptation(run_dir: Path, task, dataset, seed: int):
 
     from kspipe.modes.role import Role
     from kspipe.reptile import plugin as reptile
-    from kspipe.reptile.learner import ReptileLearner, nchw
+    from kspipe.reptile.learner import ReptileLearner
+    from kspipe.reptile.tasks import nchw
 
     paddle.enable_static()
     cfg = OmegaConf.load(run_dir / "inference_model" / "kspipe_config.yaml")

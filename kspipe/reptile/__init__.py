@@ -1,2 +1,2 @@
 """Reptile few-shot meta-learning: programs (:mod:`.programs`), the training loop
-(:mod:`.learner`) and the workload plugin serving stages program to save (:mod:`.plugin`)."""
+(:mod:`.training`) and the workload plugin serving stages program to save (:mod:`.plugin`)."""

@@ -13,10 +13,11 @@ from kspipe import hookimpl
 from kspipe.compiling import build_options, compile_options, compile_with
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
-from kspipe.reptile.learner import ReptileLearner, train_and_evaluate
 from kspipe.errors import ConfigError, check_integer, check_number
 from kspipe.reptile.batched import build_batched_programs, program_sizes, use_onednn_relu
+from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
+from kspipe.reptile.training import train_and_evaluate
 
 
 @hookimpl

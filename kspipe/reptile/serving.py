@@ -4,12 +4,13 @@ support set, then classify its queries.
 A request is one task: a table with a row per image, the column ``image`` (the image's
 values, H x W x C flattened, in 0..1 as the data set gives them) and the column ``label``
 (the class 0..ways-1 of a support image, -1 for a query).  :class:`FewShotModel` adapts
-exactly as the run's evaluation adapts a test task (:meth:`ReptileLearner.adapt`, from the
-trained weights and inner optimiser state, ``eval.inner_iters`` steps of
-``eval.inner_batch`` images), classifies the queries as it does
-(:meth:`ReptileLearner.query_logits`), and answers one row per query: ``class`` and the
-``probabilities`` of the ways.  The inner batches are shuffled by the parameter ``seed``
-(default: the run's ``seed``); the model's own state is restored after every request.
+exactly as the run's evaluation adapts a test task (:meth:`Adapter.adapt
+<kspipe.reptile.adaptation.Adapter.adapt>`, from the trained weights and inner optimiser
+state, ``eval.inner_iters`` steps of ``eval.inner_batch`` images), classifies the queries as
+it does (:meth:`Adapter.query_logits <kspipe.reptile.adaptation.Adapter.query_logits>`), and
+answers one row per query: ``class`` and the ``probabilities`` of the ways.  The inner
+batches are shuffled by the parameter ``seed`` (default: the run's ``seed``); the model's
+own state is restored after every request.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class FewShotModel:
         from omegaconf import OmegaConf
 
         from kspipe.compiling import compile_options
-        from kspipe.reptile.learner import ReptileLearner
+        from kspipe.reptile.adaptation import Adapter
         from kspipe.reptile.programs import build_programs
 
         paddle.enable_static()
@@ -49,13 +50,13 @@ class FewShotModel:
                                   cfg.seed, cfg.train.inner_optimizer, cfg.train.weight_decay)
         programs.compiled_train = compile_options(cfg, programs.train, programs.forward)
         executor = paddle.static.Executor(paddle.CPUPlace())
-        self.learner = ReptileLearner(cfg, None, programs, executor, paddle.static.Scope(), None)
-        self.learner.initialize()
+        self.model = Adapter(cfg, programs, executor, paddle.static.Scope())
+        self.model.initialize()
         if artifacts.get("checkpoint"):
-            self.learner.load_checkpoint(artifacts["checkpoint"], "checkpoint")
+            self.model.load_state(artifacts["checkpoint"], "checkpoint")
         else:  # the weights alone; the inner optimiser starts fresh
-            load_weights(self.learner, model_dir)
-        self.learner.run(programs.snapshot)
+            load_weights(self.model, model_dir)
+        self.model.run(programs.snapshot)
 
     @staticmethod
     def artifacts(run_dir: str) -> dict:
@@ -100,14 +101,14 @@ class FewShotModel:
 
         seed = int(params.get("seed", self.cfg.seed))
         support_x, support_y, query_x = self.task(frame)
-        learner, cfg = self.learner, self.cfg
-        learner.run(learner.p.restore_snapshot)
+        model, cfg = self.model, self.cfg
+        model.run(model.p.restore_snapshot)
         try:
-            learner.adapt(support_x, support_y, cfg.eval.inner_batch, cfg.eval.inner_iters,
-                          np.random.default_rng(seed))
-            logits = learner.query_logits(support_x, query_x).astype(np.float64)
+            model.adapt(support_x, support_y, cfg.eval.inner_batch, cfg.eval.inner_iters,
+                        np.random.default_rng(seed))
+            logits = model.query_logits(support_x, query_x).astype(np.float64)
         finally:
-            learner.run(learner.p.restore_snapshot)
+            model.run(model.p.restore_snapshot)
         odds = np.exp(logits - logits.max(axis=1, keepdims=True))
         probabilities = odds / odds.sum(axis=1, keepdims=True)
         return pd.DataFrame({"class": probabilities.argmax(axis=1),
@@ -153,16 +154,17 @@ def exported_image_shape(model_dir: str) -> tuple:
     return height, width, channels
 
 
-def load_weights(learner, model_dir: str) -> None:
-    """The exported weights into the learner's scope (they share the training names)."""
+def load_weights(model, model_dir: str) -> None:
+    """The exported weights into ``model``'s scope (an
+    :class:`~kspipe.reptile.adaptation.Adapter`; they share the training names)."""
     import paddle
 
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         program, _, _ = paddle.static.load_inference_model(
-            os.path.join(model_dir, MODEL_NAME), learner.exe)
+            os.path.join(model_dir, MODEL_NAME), model.exe)
     for var in program.list_vars():
         if var.persistable and var.name not in ("feed", "fetch"):
             value = np.array(scope.find_var(var.name).get_tensor())
-            learner.scope.var(var.name).get_tensor().set(value, paddle.CPUPlace())
-    learner.run(learner.p.save_theta)
+            model.scope.var(var.name).get_tensor().set(value, paddle.CPUPlace())
+    model.run(model.p.save_theta)

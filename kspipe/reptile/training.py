@@ -1,0 +1,191 @@
+"""The Reptile job on one worker: baseline, meta-training with its learning curve and
+checkpoints, final evaluation; or, with ``evaluate=``, the evaluation of a run's checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import closing
+
+import numpy as np
+
+from kspipe import checkpoint, stopping
+from kspipe.errors import ClusterError
+from kspipe.fewshot.data import Prefetcher
+from kspipe.files import user_path
+from kspipe.incremental import start_from
+from kspipe.reptile.learner import ReptileLearner
+from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM
+
+
+def train_and_evaluate(learner: ReptileLearner) -> dict:
+    """The whole Reptile job on this worker: baseline, meta-training with checkpoints,
+    final evaluation.
+
+    Worker w of W runs the global meta-iterations w, w+W, ...: round r is the
+    meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
+    at the end of the rounds that cross ``train.checkpoint_every`` and at the end; the
+    first worker measures the baseline and the learning curve and, once every worker
+    finished (``role.finish_training``), runs the final evaluation.  ``tasks_per_s`` is
+    every worker's tasks over the wall-clock time of the training phase, waits, curve
+    points and checkpoints included.
+
+    In one process a stop request (SIGTERM, Ctrl-C) waits for the meta-iteration under way,
+    writes a checkpoint and then stops; ``resume=`` continues from it.
+    """
+    cfg, role, reporter = learner.cfg, learner.role, learner.reporter
+    workers, first = role.worker_num(), role.is_first_worker()
+    ckpt_dir = os.path.join(reporter.run_dir, "checkpoints")
+
+    needed = cfg.task.shots + cfg.eval.queries
+    learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
+    learner.initialize()
+    if cfg.get("evaluate"):
+        return evaluate_checkpoints(learner, cfg.evaluate)
+    start_iter = 0
+    if cfg.resume:
+        start_iter = learner.load_checkpoint(cfg.resume)
+        reporter.say(f"resuming from meta-iteration {start_iter} ({cfg.resume})")
+    start = start_from(cfg, learner.p.train, learner.scope, reporter.run_dir, reporter)
+    role.init_worker(learner.scope)
+    start.load_tables(role)
+    learner.run(learner.p.save_theta)
+
+    with stopping.deferred(enabled=workers == 1):
+        metrics = {}
+        if first and start_iter == 0 and cfg.eval.baseline:
+            acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
+                                       "baseline")
+            metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
+            reporter.metrics({"baseline_test_accuracy": acc,
+                              "baseline_test_accuracy_ci95": ci}, 0)
+        role.barrier_worker()  # the clock starts on every worker together
+        started = time.perf_counter()
+        trained, done = meta_train(learner, start_iter, ckpt_dir)
+        role.finish_training(learner.scope)
+        learner.run(learner.p.save_theta)
+        learner.save_checkpoint(ckpt_dir, done)
+        seconds = time.perf_counter() - started
+
+        fingerprints = role.all_gather(learner.fingerprint())
+        if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
+            raise ClusterError(f"the workers ended with different models (parameter sums "
+                               f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
+        metrics.update(throughput(role, trained, seconds, cfg.train.meta_batch))
+        if not first:
+            return metrics
+        metrics.update(final_evaluation(learner))
+    if cfg.eval.interval:
+        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
+                        "curve/test_accuracy": metrics["test_accuracy"]})
+    reporter.metrics(metrics, cfg.train.meta_iters)
+    return metrics
+
+
+def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple[int, int]:
+    """This worker's meta-iterations from ``start_iter``; returns (tasks trained, global
+    meta-iterations done at the end).  The threads that share the meta-batch and the task
+    sampler's thread stop when it returns or raises."""
+    cfg, role, reporter = learner.cfg, learner.role, learner.reporter
+    workers, index, first = role.worker_num(), role.worker_index(), role.is_first_worker()
+    total = cfg.train.meta_iters
+    rounds = -(-total // workers)
+    todo = [r * workers + index for r in range(rounds) if r * workers + index >= start_iter]
+    tasks_at_start = learner.tasks_done
+    losses, shown = [], {}
+    last_done = done = start_iter
+    with (learner.training_threads(),
+          closing(Prefetcher(learner.train_tasks, todo, depth=3)) as feed):
+        started = time.perf_counter()
+        try:
+            for iteration, tasks in feed:
+                losses.append(learner.meta_iteration(iteration, tasks))
+                done = iteration - index + workers  # the end of this round
+                rate = (learner.tasks_done - tasks_at_start) * workers / max(
+                    time.perf_counter() - started, 1e-9)
+                shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
+                reporter.progress("meta-train", min(done, total), total, shown)
+                if (first and cfg.eval.interval and done < total
+                        and crossed(done, last_done, cfg.eval.interval)):
+                    curve_point(learner, done, losses, shown)
+                if (cfg.train.checkpoint_every and done < rounds * workers
+                        and crossed(done, last_done, cfg.train.checkpoint_every)):
+                    learner.save_checkpoint(ckpt_dir, done)
+                last_done = done
+                stopping.check()
+        except stopping.Preempted as stop:
+            if stop.safe and workers == 1 and done > start_iter:  # one process: keep its work
+                path = learner.save_checkpoint(ckpt_dir, done)
+                reporter.say(f"stopped after meta-iteration {done}; checkpoint {path}")
+            raise
+    return learner.tasks_done - tasks_at_start, done
+
+
+def curve_point(learner: ReptileLearner, done: int, losses: list, shown: dict) -> None:
+    """The learning curve's point after ``done`` meta-iterations: train and test accuracy on
+    ``eval.interval_tasks`` tasks each, and the mean loss since the last point."""
+    cfg = learner.cfg
+    train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks, CURVE_STREAM,
+                                    "curve (train)")
+    test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM,
+                                   "curve (test)")
+    shown["test acc"] = test_acc  # on the progress line from now on
+    learner.reporter.metrics({"curve/train_accuracy": train_acc,
+                              "curve/test_accuracy": test_acc,
+                              "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
+
+
+def crossed(done: int, last_done: int, every: int) -> bool:
+    """Whether going from ``last_done`` to ``done`` iterations passed a multiple of ``every``."""
+    return done // every > last_done // every
+
+
+def throughput(role, trained: int, seconds: float, meta_batch: int) -> dict:
+    """Tasks over the wall-clock time of the training phase: all workers' tasks over the
+    slowest worker's time (their clocks start together); each worker's own rate too.
+    Durations, not timestamps, cross the wire: the servers' gather is single precision."""
+    tasks, times = role.all_gather(float(trained)), role.all_gather(float(seconds))
+    out = {}
+    if sum(tasks):
+        wall = max(max(times), 1e-9)
+        out["tasks_per_s"] = float(sum(tasks) / wall)
+        out["meta_iters_per_s"] = float(sum(tasks) / wall / meta_batch)
+    if len(tasks) > 1:
+        out.update({f"worker{i}/tasks_per_s": float(t / max(s, 1e-9))
+                    for i, (t, s) in enumerate(zip(tasks, times))})
+    return out
+
+
+def evaluate_checkpoints(learner: ReptileLearner, source: str) -> dict:
+    """Evaluate a trained model without training: the checkpoint ``source`` (or a run
+    folder's newest) as a run's final evaluation, and its learning curve from every
+    checkpoint kept beside it (``curve/test_accuracy`` at each one's meta-iteration)."""
+    cfg, reporter = learner.cfg, learner.reporter
+    final = checkpoint.latest(user_path(source), "evaluate")
+    earlier = [path for path in sorted(checkpoint.checkpoints(os.path.dirname(final)))
+               if path < final]
+    for path in earlier:
+        iteration = learner.load_checkpoint(path, "evaluate")
+        acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM,
+                                  f"curve (test) at {iteration}")
+        reporter.metrics({"curve/test_accuracy": acc}, iteration)
+    iteration = learner.load_checkpoint(final, "evaluate")
+    reporter.say(f"evaluating {final} (meta-iteration {iteration})")
+    metrics = final_evaluation(learner)
+    if earlier:
+        metrics["curve/test_accuracy"] = metrics["test_accuracy"]
+    metrics["evaluated_meta_iteration"] = iteration
+    reporter.metrics(metrics, iteration)
+    return metrics
+
+
+def final_evaluation(learner: ReptileLearner) -> dict:
+    """Test accuracy on ``eval.tasks`` test tasks and train accuracy, with 95% half-widths."""
+    cfg = learner.cfg
+    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
+    out = {"test_accuracy": acc, "test_accuracy_ci95": ci}
+    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
+                               "evaluate (train)")
+    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
+    return out
