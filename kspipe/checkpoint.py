@@ -22,7 +22,7 @@ import shutil
 
 import numpy as np
 
-from kspipe.errors import ConfigError
+from kspipe.errors import ConfigError, first_line
 from kspipe.files import user_path
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
@@ -175,11 +175,6 @@ def misfit(saved: dict, wanted: dict, others_allowed: bool) -> str:
     if others and not others_allowed:
         return f"the model has no {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}"
     return ""
-
-
-def first_line(err: Exception) -> str:
-    """The first non-blank line of ``err``'s message ('' if none)."""
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
 
 
 def checkpoints(folder: str) -> list[str]:

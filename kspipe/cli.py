@@ -19,12 +19,11 @@ from kspipe import stopping  # noqa: E402
 from kspipe.errors import KspipeError, print_error  # noqa: E402
 from kspipe.schema import register_schemas  # noqa: E402
 
-_pm = None
-
 
 def main() -> None:
-    """Console entry point."""
-    global _pm
+    """Console entry point: the checks, then Hydra runs the job (or each job of a sweep)
+    as :class:`Jobs` says.  A sweep whose jobs failed exits non-zero from its callback
+    (:class:`kspipe.observers.sweep.SweepCallback`)."""
     from kspipe.plugin_manager import get_plugin_manager, plugin_schemas
 
     args = sys.argv[1:]
@@ -39,23 +38,32 @@ def main() -> None:
     if not ANSWERS.intersection(args):  # a job may run: Paddle's signal handlers go
         stopping.install()
     try:
-        _pm = get_plugin_manager()
-        extra_dirs = [d for dirs in _pm.hook.kspipe_config_dirs() for d in dirs]
-        schemas = plugin_schemas(_pm)
+        pm = get_plugin_manager()
+        extra_dirs = [d for dirs in pm.hook.kspipe_config_dirs() for d in dirs]
+        schemas = plugin_schemas(pm)
         check_experiments(args, extra_dirs)
         check_config(args, extra_dirs, schemas)
     except KspipeError as err:
         fail(err)
     if extra_dirs:
-        sys.argv.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
-    sys.argv += search_direction(args)
-    register_schemas(schemas)  # hydra_main composes with them
-    hydra_main()
-    from kspipe.observers.sweep import FAILED_JOBS
+        args.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
+    args += search_direction(args)
+    register_schemas(schemas)  # Hydra composes with them
+    run_hydra(Jobs(pm, swept(args)).run, args)
 
-    if FAILED_JOBS:
-        print_error(f"{len(FAILED_JOBS)} job(s) of the sweep failed: {'; '.join(FAILED_JOBS)}")
-        sys.exit(1)
+
+def run_hydra(task, args: list[str]) -> None:
+    """Run ``task`` under ``@hydra.main`` (kspipe's config) with the command line ``args``."""
+    decorated = hydra.main(version_base="1.3", config_path="pkg://kspipe.conf",
+                           config_name="config")(task)
+    # @hydra.main reads its command line from sys.argv and has no public way to be given
+    # another: this is the one place kspipe sets it, for this call only
+    given = sys.argv
+    sys.argv = [given[0], *args]
+    try:
+        decorated()
+    finally:
+        sys.argv = given
 
 
 #: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
@@ -67,8 +75,8 @@ ANSWERS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--res
 def search_direction(args: list[str]) -> list[str]:
     """A hyperparameter search (``hydra/sweeper=optuna``) maximises the workload's headline
     metric, which each job returns, unless told otherwise."""
-    chosen = [a.partition("=")[2] for a in args if a.lstrip("+~").startswith("hydra/sweeper=")]
-    if "optuna" in chosen and not any(a.startswith("hydra.sweeper.direction=") for a in args):
+    given = {override.key_or_group: override.value() for override in read_overrides(args)}
+    if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in given:
         return ["hydra.sweeper.direction=maximize"]
     return []
 
@@ -80,16 +88,32 @@ def fail(err: KspipeError) -> None:
 
 def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
     """Name the unknown experiment in one line, before Hydra's longer message."""
+    from hydra.core.override_parser.types import ValueType
+
     from kspipe.errors import ConfigError
 
     known = available_experiments(extra_dirs)
-    for arg in args:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key != "experiment":
+    for override in read_overrides(args):
+        if (override.key_or_group != "experiment" or override.package or override.is_delete()
+                or override.value_type == ValueType.GLOB_CHOICE_SWEEP):
             continue
-        for name in value.split(","):
-            if name and name not in known:
+        if override.is_discrete_sweep():
+            names = list(override.sweep_string_iterator())
+        elif override.is_sweep_override():
+            continue  # interval(...): the sweeper's to refuse
+        else:
+            names = [override.value()]
+        for name in names:
+            if name is not None and str(name) not in known:
                 raise ConfigError(f"unknown experiment '{name}' (available: {', '.join(sorted(known))})")
+
+
+def read_overrides(args: list[str]) -> list:
+    """The arguments Hydra reads as overrides, as its ``Override`` objects; flags, and what
+    Hydra cannot read (it says so itself), are left out."""
+    from kspipe.observers.sweep import parse_overrides
+
+    return [override for arg in args for override in parse_overrides([arg]) or ()]
 
 
 #: At most this many more compositions check the other values of a sweep (-m).
@@ -118,24 +142,44 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
 def command_line_overrides(args: list[str]):
     """``(overrides, multirun)`` as ``@hydra.main`` reads ``args``; None where Hydra's own
     flags take over (help, info, another config folder), and Hydra checks the config."""
+    read = hydra_arguments(args)
+    if read is None or read[1]:  # an argument Hydra refuses: it says so itself
+        return None
+    parsed = read[0]
+    if any((parsed.help, parsed.hydra_help, parsed.info, parsed.shell_completion,
+            parsed.config_path, parsed.config_name, parsed.config_dir,
+            parsed.experimental_rerun)):
+        return None
+    multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
+    return parsed.overrides, multirun
+
+
+def hydra_arguments(args: list[str]):
+    """``(namespace, unknown arguments)`` of ``args`` as ``@hydra.main`` reads them; None
+    where its parser would stop (``--version``, an argument it cannot read)."""
     import argparse
 
-    from hydra._internal.utils import get_args_parser  # the parser of @hydra.main
+    # The parser of @hydra.main is private (hydra._internal) and Hydra has no public one;
+    # the checks must read the command line exactly as @hydra.main will.  The one use.
+    from hydra._internal.utils import get_args_parser
 
     if "--version" in args:
         return None
     parser = get_args_parser()
     parser.exit_on_error = False
     try:
-        parsed, unknown = parser.parse_known_args(args)
+        return parser.parse_known_args(args)
     except argparse.ArgumentError:
         return None
-    if unknown or any((parsed.help, parsed.hydra_help, parsed.info, parsed.shell_completion,
-            parsed.config_path, parsed.config_name, parsed.config_dir,
-            parsed.experimental_rerun)):
-        return None
-    multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
-    return parsed.overrides, multirun
+
+
+def swept(args: list[str]) -> list[str]:
+    """The keys the sweep of the command line ``args`` varies (none where Hydra cannot
+    read it)."""
+    from kspipe.observers.sweep import swept_keys
+
+    parsed = hydra_arguments(args)
+    return swept_keys(parsed[0].overrides) if parsed else []
 
 
 def sweep_variants(overrides: list[str]):
@@ -144,13 +188,12 @@ def sweep_variants(overrides: list[str]):
     A value's type is checked alone, so trying each once finds a bad one without composing
     every job.  ``glob(...)`` and ``interval(...)`` are left to the sweeper.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
-    from hydra.errors import HydraException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException:
+    from kspipe.observers.sweep import parse_overrides
+
+    parsed = parse_overrides(overrides)
+    if parsed is None:
         yield overrides  # composing it names the mistake
         return
     first, sweeps = [], []
@@ -189,52 +232,69 @@ def available_experiments(extra_dirs: list[str]) -> set[str]:
     return names
 
 
-@hydra.main(version_base="1.3", config_path="pkg://kspipe.conf", config_name="config")
-def hydra_main(cfg) -> float:
-    """Run one job; its value (the workload's headline metric) is what a hyperparameter
-    search (``hydra/sweeper=optuna``) optimises."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+class Jobs:
+    """What Hydra runs for each job of the command: the one job, or each of a sweep's.
 
-    from kspipe.observers.sweep import FAILED_JOBS, job_label
-    from kspipe.pipeline import check, run
-    from kspipe.plugin_manager import describe_workload, get_plugin_manager, process_launcher
+    :param pm: the plugin manager; None in a job process that Hydra's launcher started
+        (submitit's Slurm jobs run :meth:`run` unpickled, without :func:`main`), which
+        builds its own, and its signal handlers, for its first job.
+    :param swept: the keys the command's sweep varies; a sweep's job is named by its
+        values of them (:func:`kspipe.observers.sweep.job_label`).
+    """
 
-    global _pm
-    if _pm is None:  # a job process of Hydra's launcher (submitit's Slurm jobs): no main()
-        stopping.install()
-        _pm = get_plugin_manager()
-    hydra_cfg = HydraConfig.get()
-    job = job_label(hydra_cfg.overrides.task) if hydra_cfg.mode == RunMode.MULTIRUN else None
-    with open_dict(cfg):
-        # a run's folder is Hydra's (hydra.run.dir: kspipe.job.run_folder, run_dir expanded)
-        cfg.run_dir = (hydra_cfg.runtime.output_dir if hydra_cfg.mode == RunMode.RUN
-                       else cfg.run_dir or hydra_cfg.runtime.output_dir)
-        cfg.tracking.run_name = cfg.tracking.run_name or job
-        if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
-            cfg.isolate = hydra_cfg.mode == RunMode.MULTIRUN
-    try:
-        launcher = process_launcher(_pm, cfg)
-        if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
-            check(cfg, _pm)
-            print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
-                  flush=True)
-            return worst_value(hydra_cfg)
-        metrics = run(cfg, _pm)
-    except KspipeError as err:
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # report, and let the other jobs run
-            job = job or str(hydra_cfg.job.num)
-            print_error(f"job {job}: {err}")
-            FAILED_JOBS.append(f"{job}: {err}")
-            return worst_value(hydra_cfg)
-        fail(err)
-    except KeyboardInterrupt as stop:
-        print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
-                    f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
-        sys.exit(getattr(stop, "exit_code", 130))
-    print_summary(cfg, metrics)
-    value = metrics.get(describe_workload(_pm, cfg).headline) if metrics else None
-    return worst_value(hydra_cfg) if value is None else float(value)
+    def __init__(self, pm, swept: list[str]):
+        self.pm = pm
+        self.swept = swept
+
+    def __getstate__(self) -> dict:  # pickled into another process: the registry stays here
+        return {"pm": None, "swept": self.swept}
+
+    def run(self, cfg) -> float:
+        """Run one job; its value (the workload's headline metric) is what a hyperparameter
+        search (``hydra/sweeper=optuna``) optimises.  A sweep's job that fails says so in
+        one line and returns :class:`~kspipe.observers.sweep.JobFailed`: the others run."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from kspipe.observers.sweep import JobFailed, job_label
+        from kspipe.pipeline import check, run
+        from kspipe.plugin_manager import describe_workload, get_plugin_manager, process_launcher
+
+        if self.pm is None:
+            stopping.install()
+            self.pm = get_plugin_manager()
+        hydra_cfg = HydraConfig.get()
+        sweep = hydra_cfg.mode == RunMode.MULTIRUN
+        job = job_label(hydra_cfg.overrides.task, self.swept) if sweep else None
+        with open_dict(cfg):
+            # a run's folder is Hydra's (hydra.run.dir: kspipe.job.run_folder, run_dir expanded)
+            cfg.run_dir = (hydra_cfg.runtime.output_dir if not sweep
+                           else cfg.run_dir or hydra_cfg.runtime.output_dir)
+            cfg.tracking.run_name = cfg.tracking.run_name or job
+            if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
+                cfg.isolate = sweep
+        try:
+            launcher = process_launcher(self.pm, cfg)
+            if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
+                check(cfg, self.pm)
+                print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
+                      flush=True)
+                return worst_value(hydra_cfg)
+            metrics = run(cfg, self.pm)
+        except KspipeError as err:
+            if sweep:  # report, and let the other jobs run
+                job = job or str(hydra_cfg.job.num)
+                print_error(f"job {job}: {err}")
+                return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
+            fail(err)
+        except KeyboardInterrupt as stop:
+            print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
+                        f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
+            sys.exit(getattr(stop, "exit_code", 130))
+        workload = describe_workload(self.pm, cfg) if metrics else None
+        print_summary(cfg, metrics, workload)
+        value = metrics.get(workload.headline) if metrics else None
+        return worst_value(hydra_cfg) if value is None else float(value)
 
 
 def worst_value(hydra_cfg) -> float:
@@ -244,14 +304,11 @@ def worst_value(hydra_cfg) -> float:
     return float("inf") if "minimize" in direction else float("-inf")
 
 
-def print_summary(cfg, metrics: dict) -> None:
-    """The closing line: the metrics the workload names (its headline and rate first)."""
-    from kspipe.plugin_manager import describe_workload
-
+def print_summary(cfg, metrics: dict, workload) -> None:
+    """The closing line: the metrics ``workload`` names (its headline and rate first)."""
     if not metrics:  # a host of a job across hosts without worker 0
         print(f"kspipe: done: this host's part (run folder {cfg.run_dir})", flush=True)
         return
-    workload = describe_workload(_pm, cfg)
     shown = []
     for name in workload.shown():
         if name not in metrics:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from kspipe.errors import ConfigError, check_integer
+from kspipe.errors import ConfigError, check_integer, first_line
 
 
 def compose(overrides=(), config_dirs=(), schemas=None):
@@ -137,11 +137,6 @@ def given(overrides: list[str], full_key: str):
                 key.startswith(full_key + ".")):
             return override
     return None
-
-
-def first_line(err: Exception) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def validate(cfg) -> None:

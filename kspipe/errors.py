@@ -1,5 +1,6 @@
-"""The errors kspipe reports to a user as one line, the one printer of that line, and the
-one place numbers from a config are checked to be whole and large enough."""
+"""The errors kspipe reports to a user as one line, the one printer of that line (and of
+the first line of a library's exception), and the one place numbers from a config are
+checked to be whole and large enough."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ class ClusterError(KspipeError):
     """A process of a distributed job failed, or the cluster could not be started."""
 
     exit_code = 3
+
+
+def first_line(err: Exception) -> str:
+    """The first non-blank line of ``err``'s message (its type's name if it has none): what
+    a one-line error quotes of a library's exception."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def print_error(message, prog: str = "kspipe") -> None:

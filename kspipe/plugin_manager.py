@@ -73,22 +73,34 @@ def load_installed(pm: pluggy.PluginManager) -> None:
     One whose name is taken (a built-in's, or an earlier package's) is not loaded, and a
     warning says so: pluggy's own loading would skip it silently.
     """
+    for dist, ep in entry_points():
+        if pm.is_blocked(ep.name):
+            continue
+        taken = pm.get_plugin(ep.name)
+        if taken is not None:
+            if getattr(taken, "__name__", None) != ep.value:  # not this same module again
+                warn_collision(ep.name, dist.metadata["name"])
+            continue
+        pm.register(ep.load(), name=ep.name)
+
+
+def entry_points() -> list:
+    """``[(distribution, entry point)]`` of the ``kspipe`` group, in the order they load."""
     from importlib import metadata
 
-    from pluggy._manager import DistFacade
+    return [(dist, ep) for dist in metadata.distributions() for ep in dist.entry_points
+            if ep.group == NAME]
 
-    for dist in list(metadata.distributions()):
-        for ep in dist.entry_points:
-            if ep.group != NAME or pm.is_blocked(ep.name):
-                continue
-            taken = pm.get_plugin(ep.name)
-            if taken is not None:
-                if getattr(taken, "__name__", None) != ep.value:  # not this same module again
-                    warn_collision(ep.name, dist.metadata["name"])
-                continue
-            plugin = ep.load()
-            pm.register(plugin, name=ep.name)
-            pm._plugin_distinfo.append((plugin, DistFacade(dist)))
+
+def installed_packages() -> dict:
+    """``{plugin name: "package version"}`` of the plugins :func:`load_installed` loads (the
+    first of a name that no built-in has)."""
+    builtin = {name for name, _ in builtin_plugins()}
+    packages = {}
+    for dist, ep in entry_points():
+        if ep.name not in builtin and ep.name not in packages:
+            packages[ep.name] = f"{dist.metadata['name']} {dist.version}"
+    return packages
 
 
 def warn_collision(name: str, package: str) -> None:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from kspipe.plugin_manager import STAGES, get_plugin_manager
+from kspipe.plugin_manager import STAGES, get_plugin_manager, installed_packages
 
 
 def list_plugins(args: list[str]) -> int:
     pm = get_plugin_manager()
-    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
+    packages = installed_packages()
     stage_of = {hook: stage for stage, hook in STAGES.items()}
     print(f"{'plugin':<14} {'package':<24} hooks")
     for name, plugin in sorted(pm.list_name_plugin()):
-        dist = dists.get(id(plugin))
-        package = f"{dist.project_name} {dist.version}" if dist else "kspipe (built-in)"
+        package = packages.get(name, "kspipe (built-in)")
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         shown = [f"{h} [stage {stage_of[h]}]" if h in stage_of else h for h in hooks]
         if "kspipe_process_launchers" in hooks:  # the cluster.launcher values it adds

@@ -80,3 +80,25 @@ def test_bad_data(tmp_path, data_copy, damage, args, fragments):
     if "cannot read image" in fragments:
         assert first_character(data_copy).name in result.stderr
     assert finished_runs(tmp_path / "mlflow.db") == []
+
+
+def test_hydra_is_given_the_command_line_for_its_call_only(monkeypatch, capsys):
+    from kspipe.cli import run_hydra
+    from kspipe.schema import register_schemas
+
+    register_schemas(None)
+    monkeypatch.setattr(sys, "argv", ["kspipe", "workers=oops"])
+    ran = []
+    run_hydra(ran.append, ["--cfg", "job", "workers=3"])  # prints the config, runs no job
+    assert "workers: 3" in capsys.readouterr().out and ran == []
+    assert sys.argv == ["kspipe", "workers=oops"]
+
+
+def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
+    """submitit pickles the task into each Slurm job: its plugin manager stays here."""
+    import cloudpickle
+
+    from kspipe.cli import Jobs
+
+    task = cloudpickle.loads(cloudpickle.dumps(Jobs(object(), ["workers"]).run))
+    assert task.__self__.pm is None and task.__self__.swept == ["workers"]

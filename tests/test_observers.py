@@ -1,5 +1,6 @@
-"""The observers: MLflow is touched in tracking.py and serving.py only, and the sweep's comparison and the
-learning curve show the metrics each workload declares, not names written into them."""
+"""The observers: MLflow is touched in store.py, tracking.py and serving.py only, and the
+sweep's comparison and the learning curve show the metrics each workload declares, not names
+written into them."""
 
 import csv
 import os
@@ -9,8 +10,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kspipe.contracts import Workload
-from kspipe.observers import sweep, tracking
-from kspipe.observers.tracking import RunRecord
+from kspipe.observers import plots, sweep, sweep_runs, tags
+from kspipe.observers.sweep_runs import RunRecord
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kspipe"
 IMPORTS_MLFLOW = re.compile(r"^\s*(import mlflow|from mlflow[\s.])", re.MULTILINE)
@@ -21,10 +22,11 @@ CTR = Workload(name="ctr", headline="test_auc", rate="samples_per_s",
                summary=("test_auc", "train_auc", "samples_per_s"))
 
 
-def test_only_the_tracking_and_serving_modules_import_mlflow():
+def test_only_the_store_tracking_and_serving_modules_import_mlflow():
     importers = {str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                  if IMPORTS_MLFLOW.search(path.read_text())}
-    assert importers == {"kspipe/observers/tracking.py", "kspipe/observers/serving.py"}
+    assert importers == {"kspipe/observers/store.py", "kspipe/observers/tracking.py",
+                         "kspipe/observers/serving.py"}
 
 
 def job(run_id, params, metrics, workload=None, status="FINISHED"):
@@ -50,7 +52,7 @@ def test_a_comparison_shows_each_workloads_declared_metrics_and_their_union(tmp_
                                         "stages.program=reptile"]
     assert [r["workload"] for r in read] == ["reptile", "ctr", "reptile"]
     assert read[1]["test_auc"] == "0.7" and read[1]["test_accuracy"] == ""
-    assert sweep.plot_comparison(rows, workloads, str(tmp_path / "comparison.png"))
+    assert plots.plot_comparison(rows, workloads, str(tmp_path / "comparison.png"))
     assert (tmp_path / "comparison.png").stat().st_size > 0
 
 
@@ -60,42 +62,78 @@ def test_no_ci95_column_where_no_job_reported_one():
 
 
 def test_the_workload_survives_its_tags():
-    assert tracking.workload_from_tags(tracking.workload_tags(CTR)) == Workload(
+    assert tags.workload_from_tags(tags.workload_tags(CTR)) == Workload(
         name="ctr", headline="test_auc", rate="samples_per_s", summary=CTR.summary)
-    assert tracking.workload_from_tags({"mlflow.runName": "x"}) is None
+    assert tags.workload_from_tags({"mlflow.runName": "x"}) is None
 
 
 def test_the_learning_curve_plots_any_curve_series_and_the_headlines_baseline(tmp_path):
     curve = {"curve/train_loss": [(1, 2.0), (2, 1.5)], "curve/val_loss": [(1, 2.2), (2, 1.9)],
              "baseline_val_loss": [(0, 2.5)], "other": [(1, 3.0)]}
-    assert tracking.learning_curve(curve, str(tmp_path / "c.png"), "val_loss")
-    assert tracking.learning_curve({"other": [(1, 3.0)]}, str(tmp_path / "d.png"), "x") is None
+    assert plots.learning_curve(curve, str(tmp_path / "c.png"), "val_loss")
+    assert plots.learning_curve({"other": [(1, 3.0)]}, str(tmp_path / "d.png"), "x") is None
 
 
 def test_a_parent_run_gets_its_children_artifacts_and_status(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     monkeypatch.chdir(tmp_path)  # MLflow's artifact folder is relative to it
-    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+    monkeypatch.delenv(sweep_runs.PARENT_RUN_ENV, raising=False)
     cfg = OmegaConf.create({"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
                                          "experiment": "kspipe"}})
-    parent = tracking.start_parent_run(cfg, "sweep x=1,2", tracking.workload_tags(REPTILE))
-    assert os.environ[tracking.PARENT_RUN_ENV] == parent
+    parent = sweep_runs.start_parent_run(cfg, "sweep x=1,2", tags.workload_tags(REPTILE))
+    assert os.environ[sweep_runs.PARENT_RUN_ENV] == parent
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     experiment = client.get_run(parent).info.experiment_id
     for x in (1, 2):
         child = client.create_run(experiment, tags={"mlflow.parentRunId": parent,
-                                                    **tracking.workload_tags(REPTILE)})
+                                                    **tags.workload_tags(REPTILE)})
         client.log_param(child.info.run_id, "x", x)
         client.log_metric(child.info.run_id, "test_accuracy", x / 10)
         client.set_terminated(child.info.run_id, "FINISHED")
-    children = tracking.child_runs(cfg, parent)
+    children = sweep_runs.child_runs(cfg, parent)
     assert [(c.params["x"], c.metrics["test_accuracy"], c.workload.name) for c in children] == \
         [("1", 0.1, "reptile"), ("2", 0.2, "reptile")]
     (tmp_path / "comparison.csv").write_text("job\n")
-    tracking.finish_parent_run(cfg, parent, "FINISHED", [str(tmp_path / "comparison.csv")],
-                               {"kspipe.workload": "reptile"})
-    assert tracking.PARENT_RUN_ENV not in os.environ
+    sweep_runs.finish_parent_run(cfg, parent, "FINISHED", [str(tmp_path / "comparison.csv")],
+                                 {"kspipe.workload": "reptile"})
+    assert sweep_runs.PARENT_RUN_ENV not in os.environ
     run = client.get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["kspipe.workload"] == "reptile"
     assert [a.path for a in client.list_artifacts(parent)] == ["comparison.csv"]
+
+
+def test_a_sweeps_keys_and_a_jobs_name_are_read_by_hydras_parser():
+    overrides = ["+experiment=omniglot_5way", "mode=pserver,local", "workers=range(1,3)",
+                 "train.inner_lr=interval(0.1,1)", "ctr.hidden=[64,32]", "run_name='a,b'",
+                 "hydra.sweeper.direction=maximize"]
+    assert sweep.swept_keys(overrides) == ["mode", "workers", "train.inner_lr"]
+    assert sweep.swept_keys(["workers=(("]) == []  # composing the config names the mistake
+    job = ["+experiment=omniglot_5way", "mode=local", "workers=2"]
+    assert sweep.job_label(job, ["mode", "workers"]) == "mode=local,workers=2"
+    assert sweep.job_label(job, []) is None
+
+
+def test_the_sweep_callback_counts_a_failed_job_and_the_command_fails(capsys):
+    """A job that failed in this process returns JobFailed (pickled back from a job process
+    of another launcher); the sweep's end names it and exits non-zero, tracking or not."""
+    import pickle
+
+    import pytest
+    from hydra.core.utils import JobReturn, JobStatus
+
+    config = OmegaConf.create({"tracking": {"enabled": False},
+                               "hydra": {"overrides": {"task": ["workers=1,2"]}}})
+    callback = sweep.SweepCallback()
+    callback.on_multirun_start(config)
+    assert callback.swept == ["workers"]
+    failed = pickle.loads(pickle.dumps(sweep.JobFailed(float("-inf"), "workers=2: why")))
+    for value in (0.5, failed):
+        callback.on_job_end(config, JobReturn(status=JobStatus.COMPLETED, _return_value=value))
+    with pytest.raises(SystemExit) as ended:
+        callback.on_multirun_end(config)
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == ("kspipe: error: 1 job(s) of the sweep failed: "
+                                       "workers=2: why\n")
+    callback.on_multirun_start(config)  # the next sweep starts afresh
+    callback.on_multirun_end(config)

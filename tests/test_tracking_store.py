@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from kspipe.errors import ConfigError
-from kspipe.observers import tracking
+from kspipe.observers import store, sweep_runs
 from kspipe.testing import tiny_overrides
 
 #: The smallest run: one meta-iteration, two evaluation tasks, no baseline.
@@ -52,7 +52,7 @@ def test_the_store_lock_excludes_a_second_holder(tmp_path):
              "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
              "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n"
              "    sys.exit(1)\n")
-    with tracking.store_lock(uri):
+    with store.store_lock(uri):
         held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")])
     free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")])
     assert (held.returncode, free.returncode) == (1, 0)
@@ -85,5 +85,5 @@ def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
     cfg = OmegaConf.create({"tracking": {"uri": "sqlite:////proc/kspipe/mlflow.db",
                                          "experiment": "kspipe"}})
     with pytest.raises(ConfigError, match="cannot open the MLflow store"):
-        tracking.start_parent_run(cfg, "sweep", {})
-    assert tracking.PARENT_RUN_ENV not in os.environ
+        sweep_runs.start_parent_run(cfg, "sweep", {})
+    assert sweep_runs.PARENT_RUN_ENV not in os.environ

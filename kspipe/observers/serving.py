@@ -32,7 +32,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from kspipe.errors import ConfigError, KspipeError
+from kspipe.errors import ConfigError, KspipeError, first_line
 
 MODEL_NAME = "model"  # runs:/<run id>/model
 
@@ -173,7 +173,6 @@ def check_registry_name(client, name: str) -> None:
 
 
 def registry_error(name: str, err: MlflowException) -> ConfigError:
-    reason = next((line.strip() for line in str(err.message).splitlines() if line.strip()),
-                  type(err).__name__)
-    return ConfigError(f"tracking.register={name}: the MLflow model registry refuses it: {reason}")
+    return ConfigError(f"tracking.register={name}: the MLflow model registry refuses it: "
+                       f"{first_line(err)}")
 

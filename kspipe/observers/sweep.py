@@ -1,103 +1,141 @@
-"""Hydra sweeps (``kspipe -m ...``): one parent run, a child run per job, and a comparison
-of the jobs on the parent.
+"""Hydra sweeps (``kspipe -m``): the callback that records a sweep and compares its jobs.
 
 A hyperparameter search (``hydra/sweeper=optuna``) is such a sweep: each trial is a job
 whose value is its workload's headline metric, and the parent names the best trial.
 
-The callback has :mod:`kspipe.observers.tracking` create the parent run when the sweep
-starts; every job's run becomes its child.  A job that fails is reported on one line and
-recorded (its child run FAILED); the others still run.  At the end the parent gets
-``comparison.csv`` and ``comparison.png``: per job, the metrics its workload declares
-(:class:`kspipe.contracts.Workload`: the headline, with ``<headline>_ci95`` as error bar
-where reported, the rate and the summary metrics; the union of them when the jobs ran
-different workloads).  The parent ends FAILED if any job failed, and the command exits
-non-zero.
+:class:`SweepCallback` (``hydra.callbacks.sweep`` in the config) has
+:mod:`kspipe.observers.sweep_runs` create the parent run when the sweep starts; every
+job's run becomes its child.  A job that fails is reported on one line and recorded (its
+child run FAILED); the others still run.  At the end the parent gets ``comparison.csv``
+and ``comparison.png``: per job, the metrics its workload declares
+(:class:`kspipe.contracts.Workload`, as the job's run recorded it: the headline, with
+``<headline>_ci95`` as error bar where reported, the rate and the summary metrics; the
+union of them when the jobs ran different workloads).  The parent ends FAILED if any job
+failed, and the command exits non-zero.
+
+Which keys a sweep varies, and a job's name from them, are read from the overrides by
+Hydra's own parser (:func:`parse_overrides`), here and in the command's checks.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import sys
 
 from hydra.experimental.callback import Callback
 
 from kspipe.contracts import Workload
-from kspipe.observers import tracking
+from kspipe.errors import print_error
+from kspipe.observers import sweep_runs
+from kspipe.observers.plots import plot_comparison
+from kspipe.observers.tags import workload_tags
 
-#: Jobs of the current sweep that failed (the command's exit status depends on it).
-FAILED_JOBS: list[str] = []
-#: The keys the current sweep varies; a job is named by its values of them.
-SWEPT_KEYS: list[str] = []
+
+def parse_overrides(overrides) -> list | None:
+    """``overrides`` (``key=value`` strings) as Hydra reads them (its ``Override``
+    objects); None if Hydra refuses one (composing the config then names the mistake)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return None
 
 
 def swept_keys(overrides) -> list[str]:
-    """Keys of command-line overrides that list several values (``workers=1,2,4``)."""
-    keys = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if sep and ("," in value or value.startswith(("range(", "choice(", "glob(", "interval(",
-                                                       "tag("))) \
-                and not value.startswith(("[", "{", "'", '"')):
-            keys.append(key.lstrip("+~"))
-    return keys
+    """Keys of the overrides that sweep (``workers=1,2``, ``range(...)``, ``interval(...)``
+    ...), without Hydra's own (``hydra.*``)."""
+    return [override.get_key_element().lstrip("+~") for override in parse_overrides(overrides) or ()
+            if override.is_sweep_override() and not override.is_hydra_override()]
 
 
-def job_label(overrides) -> str | None:
-    """A sweep job's name from its overrides: ``mode=pserver,workers=2``."""
-    chosen = [o.lstrip("+~") for o in overrides if o.partition("=")[0].lstrip("+~") in SWEPT_KEYS]
+def job_label(overrides, swept: list[str]) -> str | None:
+    """A sweep job's name from its overrides and the keys ``swept``: ``mode=pserver,workers=2``."""
+    chosen = [override.input_line.lstrip("+~") for override in parse_overrides(overrides) or ()
+              if override.get_key_element().lstrip("+~") in swept]
     return ",".join(chosen) or None
 
 
-def sweep_workload(config) -> Workload:
-    """The workload the sweep's config runs (a job that sweeps ``stages.program`` tells its
-    own through its run's tags)."""
-    from kspipe.plugin_manager import describe_workload, get_plugin_manager
+class JobFailed(float):
+    """What a sweep's job that failed returns: the worst value (a hyperparameter search goes
+    on) that carries the one line saying why, for :meth:`SweepCallback.on_job_end`."""
 
-    return describe_workload(get_plugin_manager(), config)
+    def __new__(cls, value: float, reason: str):
+        failed = super().__new__(cls, value)
+        failed.reason = reason
+        return failed
+
+    def __reduce__(self):  # a job process of another launcher sends it back pickled
+        return JobFailed, (float(self), self.reason)
 
 
 class SweepCallback(Callback):
+    """One sweep's record.  Hydra makes it from the config and gives it nothing else, so it
+    learns what it needs from the sweep's config (the keys swept), the jobs' returns in
+    this process (:class:`JobFailed`) and the jobs' runs (their workloads and statuses)."""
+
     def __init__(self):
         self.parent_id = None
-        self.workload: Workload | None = None
+        self.swept: list[str] = []
+        self.failed: list[str] = []  # "<job>: <why>", one per job that failed
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        FAILED_JOBS.clear()
-        SWEPT_KEYS[:] = swept_keys(config.hydra.overrides.task)
+        self.swept = swept_keys(config.hydra.overrides.task)
+        self.failed = []
         if not config.tracking.enabled:
             return
-        self.workload = sweep_workload(config)
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
         overrides = " ".join(config.hydra.overrides.task)
-        self.parent_id = tracking.start_parent_run(
+        self.parent_id = sweep_runs.start_parent_run(
             config, f"sweep {overrides}",
-            {"kspipe.sweep": "parent", "kspipe.overrides": overrides,
-             "kspipe.sweep_params": sweep, **tracking.workload_tags(self.workload)})
+            {"kspipe.sweep": "parent", "kspipe.overrides": overrides, "kspipe.sweep_params": sweep})
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        from hydra.core.utils import JobStatus
+
+        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value,
+                                                                   JobFailed):
+            self.failed.append(job_return.return_value.reason)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        if self.parent_id is None:
-            return
+        try:
+            if self.parent_id is not None:
+                self.finish(config)
+        finally:
+            self.parent_id = None
+            if self.failed:
+                # Hydra hands nothing back to the command that started it: the sweep's end is
+                # where the command learns that jobs failed, so it exits here
+                print_error(f"{len(self.failed)} job(s) of the sweep failed: "
+                            f"{'; '.join(self.failed)}")
+                sys.exit(1)
+
+    def finish(self, config) -> None:
+        """Compare the jobs on the parent run, count the jobs another launcher ran that
+        failed (submitit's Slurm jobs), and end the parent."""
         status, outputs, tags = "FAILED", [], {}
         try:
-            jobs = tracking.child_runs(config, self.parent_id)
-            workloads = [job.workload or self.workload for job in jobs]
+            jobs = [job for job in sweep_runs.child_runs(config, self.parent_id) if job.workload]
+            workloads = [job.workload for job in jobs]
             folder = os.path.join(config.hydra.sweep.dir, "comparison")
             os.makedirs(folder, exist_ok=True)
             columns = comparison_columns(jobs, workloads)
-            rows = [comparison_row(job, SWEPT_KEYS, w, columns) for job, w in zip(jobs, workloads)]
+            rows = [comparison_row(job, self.swept, w, columns) for job, w in zip(jobs, workloads)]
             outputs = [write_table(rows, columns, os.path.join(folder, "comparison.csv")),
                        plot_comparison(rows, workloads, os.path.join(folder, "comparison.png"))]
-            names = unique(w.name for w in workloads) or [self.workload.name]
-            tags = {"kspipe.workload": ",".join(names), **best_job(rows, workloads)}
-            counted = {failure.partition(":")[0] for failure in FAILED_JOBS}
-            FAILED_JOBS.extend(  # jobs another launcher ran (submitit's Slurm jobs)
-                f"{r['job']}: its run ended {r['status']}" for r in rows
-                if r["status"] != "FINISHED" and str(r["job"]) not in counted)
-            status = "FAILED" if FAILED_JOBS else "FINISHED"
+            if workloads:  # the first job's workload; the names of all the sweep ran
+                tags = {**workload_tags(workloads[0]),
+                        "kspipe.workload": ",".join(unique(w.name for w in workloads))}
+            tags.update(best_job(rows, workloads))
+            counted = {failure.partition(":")[0] for failure in self.failed}
+            self.failed += [f"{r['job']}: its run ended {r['status']}" for r in rows
+                            if r["status"] != "FINISHED" and str(r["job"]) not in counted]
+            status = "FAILED" if self.failed else "FINISHED"
         finally:
-            tracking.finish_parent_run(config, self.parent_id, status,
-                                       [path for path in outputs if path], tags)
-            self.parent_id = None
+            sweep_runs.finish_parent_run(config, self.parent_id, status,
+                                         [path for path in outputs if path], tags)
 
 
 def best_job(rows: list[dict], workloads: list[Workload]) -> dict:
@@ -148,39 +186,4 @@ def write_table(rows: list[dict], columns: list[str], path: str) -> str:
         writer = csv.DictWriter(f, fieldnames=["job", "run_id", "status", "workload", *columns])
         writer.writeheader()
         writer.writerows(rows)
-    return path
-
-
-def label(metric: str) -> str:
-    """A metric's name for an axis: ``tasks_per_s`` is ``tasks/s``."""
-    return metric.replace("_per_s", "/s").replace("_", " ")
-
-
-def plot_comparison(rows: list[dict], workloads: list[Workload], path: str) -> str | None:
-    """Two panels, one bar per job that reported its headline: the headline (error bar
-    ``<headline>_ci95``) and the rate.  None if no job reported its headline."""
-    done = [(r, w) for r, w in zip(rows, workloads) if w.headline and r.get(w.headline) is not None]
-    if not done:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    several = len(unique(w.name for _, w in done)) > 1
-    labels = [r["job"] + (f" [{w.name}]" if several else "") for r, w in done]
-    scores = [r[w.headline] for r, w in done]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.6 * len(done) + 2))
-    left.barh(labels, scores, color="tab:blue",
-              xerr=[r.get(w.headline + "_ci95") or 0 for r, w in done])
-    left.set_xlabel(" / ".join(label(m) for m in unique(w.headline for _, w in done)))
-    if all(0 <= s <= 1 for s in scores):  # accuracies, AUCs: the whole scale
-        left.set_xlim(0, 1)
-    right.barh(labels, [(r.get(w.rate) if w.rate else None) or 0 for r, w in done],
-               color="tab:orange")
-    right.set_xlabel(" / ".join(label(m) for m in unique(w.rate for _, w in done if w.rate)))
-    right.set_yticklabels([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

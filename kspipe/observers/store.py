@@ -1,0 +1,159 @@
+"""The MLflow store: where it is, the lock it is opened under, a client on it, its runs page.
+
+The store is ``cfg.tracking.uri``, by default a SQLite file ``mlflow.db`` in the folder
+kspipe was started in.  Every client comes from :func:`client_for`, which opens the store
+once under a lock (:func:`store_lock`): MLflow creates or migrates a SQLite store on its
+first call, and jobs started together would otherwise race to do it.  A store that cannot
+be opened is a one-line :class:`~kspipe.errors.ConfigError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+
+from kspipe.errors import ConfigError, KspipeError, first_line
+from kspipe.files import user_path
+
+
+def tracking_uri(cfg) -> str:
+    uri = cfg.tracking.uri or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///"):]):
+        uri = "sqlite:///" + user_path(uri[len("sqlite:///"):])  # from where kspipe started
+    return uri
+
+
+def client_for(cfg):
+    """An ``MlflowClient`` on ``cfg``'s store, with MLflow's own logging quietened.
+
+    The client is made, and the experiment ``cfg.tracking.experiment`` found or created,
+    while holding :func:`store_lock`: the first of several jobs started at once creates (or
+    migrates) the store and the experiment, the others wait for it and then find them.
+    A store that cannot be opened raises :class:`ConfigError` naming ``tracking.uri``.
+    """
+    import logging
+
+    from mlflow import MlflowClient
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    uri = tracking_uri(cfg)
+    with store_lock(uri):
+        try:
+            probe_sqlite(uri)
+            client = MlflowClient(tracking_uri=uri)
+            experiment_id(client, cfg.tracking.experiment)
+        except KspipeError:
+            raise
+        except Exception as err:  # MLflow's, SQLAlchemy's, the file system's: all say why
+            raise store_error(uri, err) from err
+    return client
+
+
+def experiment_id(client, name: str) -> str:
+    """The id of the experiment ``name``, created if there is none."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # made meanwhile by a process that does not take the lock
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def runs_page(cfg, experiment: str, headline: str = "") -> str:
+    """The command that serves the store, and the page of the experiment's runs table
+    (``mlflow ui`` opens an experiment on its overview, not on its runs), best
+    ``headline`` first: sorted by a metric, the table also lists a sweep's child runs
+    instead of folding them under their parent."""
+    order = f"?orderByKey=metrics.%60{headline}%60&orderByAsc=false" if headline else ""
+    return (f"runs: mlflow ui --backend-store-uri {tracking_uri(cfg)} then "
+            f"http://127.0.0.1:5000/#/experiments/{experiment}/runs{order}")
+
+
+# --- the lock a SQLite store is opened under ------------------------------------------
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a ``sqlite:///`` URI; None for another store or an in-memory one."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].partition("?")[0]
+    return path if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """Hold an exclusive lock on a SQLite store while it is opened; nothing for other stores.
+
+    The lock is ``flock`` on the store's folder itself (made if missing), so it leaves no
+    file behind; it goes with the descriptor, when the block ends or the process dies.
+    """
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    try:
+        fd = lock_folder(path)
+    except OSError as err:
+        raise store_error(uri, err) from err
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_folder(path: str) -> int:
+    """An open descriptor holding ``flock`` on ``path``'s folder.  Where the file system
+    does not lock folders, the file ``path`` is locked instead (created empty if missing,
+    which SQLite reads as a new database)."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    try:
+        return flocked(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        if err.errno not in FOLDER_LOCK_REFUSED:
+            raise
+    return flocked(path, os.O_RDWR | os.O_CREAT)
+
+
+def flocked(path: str, flags: int) -> int:
+    """``path`` opened with ``flags`` and locked exclusively (waiting for the lock)."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+#: What ``flock`` on a folder answers on a file system that only locks files.
+FOLDER_LOCK_REFUSED = (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP)
+
+
+def probe_sqlite(uri: str) -> None:
+    """Read a SQLite store's header, so a file that is no database (or cannot be read) fails
+    at once; MLflow would retry it for about two minutes."""
+    path = sqlite_path(uri)
+    if path is None:
+        return
+    import sqlite3
+
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("pragma schema_version").fetchone()
+    finally:
+        connection.close()
+
+
+def store_error(uri: str, err: Exception) -> ConfigError:
+    """The one line for a store that cannot be opened, with the reason's first line."""
+    return ConfigError(f"tracking.uri={uri}: cannot open the MLflow store: {first_line(err)}")
