@@ -29,7 +29,7 @@ import sys
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.modes.launch import Planned, launch_plan
+from kspipe.modes.plan import Planned, launch_plan
 from kspipe.modes.launchers import ProcessLauncher
 
 
