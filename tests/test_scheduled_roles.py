@@ -263,6 +263,46 @@ def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
     assert nothing_queued(slurm)
 
 
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A Slurm of two nodes (two slurmd on this host, at 127.0.0.1 and 127.0.0.2)."""
+    from kspipe.testing import local_slurm
+
+    folder = tmp_path_factory.mktemp("slurm-two-nodes")
+    with local_slurm(folder, nodes=2) as env:
+        yield folder, env
+
+
+@needs_slurm
+def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, launched,
+                                                          two_nodes):
+    """An allocation of two nodes: the processes go to the nodes in turn (worker 0 to the
+    second, at its NodeAddr), and the job reaches kspipe's own launcher's weights."""
+    folder, slurm = two_nodes
+    run = tmp_path / "run"
+    result = subprocess.run(
+        ["salloc", "-N", "2", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
+         *overrides(tmp_path, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
+        cwd=tmp_path, env=dict(os.environ, **slurm), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = final_weights(run)
+    for name, value in launched.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",)]
+    job = yaml_of(run / "job.yaml")
+    assert "launch task StepId=" in (folder / "slurmd-node2.log").read_text()
+    assert job["run_dir"] == str(run)
+    assert "127.0.0.2:" in (run / "logs" / "worker.0.log").read_text()
+    assert nothing_queued(slurm)
+
+
+def yaml_of(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
 @needs_slurm
 @pytest.mark.parametrize("allocate, message", [
     (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
