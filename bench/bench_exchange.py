@@ -28,7 +28,8 @@ STEPS_JOB = Path(__file__).with_name("exchange_steps.py")
 
 
 def exchange_steps(folder: Path, params: int, steps: int) -> dict:
-    from kspipe.modes.launch import Cluster, launch_plan
+    from kspipe.modes.launch import Cluster
+    from kspipe.modes.plan import launch_plan
 
     out = {}
     for strategy in ("async", "sync", "geo"):

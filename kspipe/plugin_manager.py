@@ -29,7 +29,7 @@ def builtin_plugins():
     from kspipe.ctr import plugin as ctr
     from kspipe.datafeed import plugin as datafeed
     from kspipe.fewshot import plugin as open_ks
-    from kspipe.modes import collective, kubernetes, launchers, local, pserver, slurm
+    from kspipe.modes import collective, fleetrun, kubernetes, launchers, local, pserver, slurm
     from kspipe.observers import progress, tracking
     from kspipe.reptile import plugin as reptile
 
@@ -40,6 +40,7 @@ def builtin_plugins():
         ("processes", launchers),
         ("slurm", slurm),
         ("paddlejob", kubernetes),
+        ("paddle", fleetrun),
         ("open_ks", open_ks),
         ("reptile", reptile),
         ("datafeed", datafeed),

@@ -210,17 +210,22 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
-NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
+#: One node: this host, 8 CPUs.  Several: nodes ``node1``, ``node2`` ... of 4 CPUs each, all
+#: this host, each its own slurmd at a loopback address of its own (127.0.0.<i>).
+ONE_NODE = "NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN"
+NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.{number} Port={port} CPUs=4 "
+        "State=UNKNOWN")
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo", "scontrol")
 
 
@@ -237,10 +242,14 @@ def slurm_missing() -> str | None:
 
 
 @contextlib.contextmanager
-def local_slurm(folder: Path):
-    """A one-node Slurm cluster on loopback, configured under ``folder`` (nothing in /etc),
-    with 8 CPUs so that small jobs' steps run side by side; yields the environment its
-    commands need (``SLURM_CONF``).  Its daemons are stopped at the end."""
+def local_slurm(folder: Path, nodes: int = 1):
+    """A Slurm cluster on loopback, configured under ``folder`` (nothing in /etc); yields
+    the environment its commands need (``SLURM_CONF``).  Its daemons are stopped at the end.
+
+    One node is this host with 8 CPUs, so that small jobs' steps run side by side.  With
+    ``nodes`` > 1, each node (``node1``, ``node2`` ...) is a slurmd of its own on this host,
+    at an address of its own (127.0.0.1, 127.0.0.2 ...), as a cluster of several machines
+    looks to a job: its node list, each node's ``NodeAddr``, steps placed on a node."""
     import socket
     import subprocess
     import time
@@ -248,12 +257,17 @@ def local_slurm(folder: Path):
     from kspipe.endpoints import free_ports
 
     folder.mkdir(parents=True, exist_ok=True)
-    for sub in ("state", "spool"):
-        (folder / sub).mkdir(exist_ok=True)
-    ctld_port, slurmd_port = free_ports(2)
+    (folder / "state").mkdir(exist_ok=True)
+    host = socket.gethostname()
+    ctld_port, slurmd_port, *ports = free_ports(2 + nodes)
+    names = [host] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
+    lines = [ONE_NODE.format(host=host)] if nodes == 1 else [
+        NODE.format(name=name, host=host, number=i + 1, port=port)
+        for i, (name, port) in enumerate(zip(names, ports))]
     conf = folder / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=socket.gethostname(), folder=folder,
-                                      ctld_port=ctld_port, slurmd_port=slurmd_port))
+    conf.write_text(SLURM_CONF.format(host=host, folder=folder, ctld_port=ctld_port,
+                                      slurmd_port=slurmd_port, nodes="\n".join(lines),
+                                      names=",".join(names)))
     env = {"SLURM_CONF": str(conf)}
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     munge_pid = folder / "munged.pid"
@@ -261,8 +275,10 @@ def local_slurm(folder: Path):
         if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
             subprocess.run(["munged", "--force", f"--pid-file={munge_pid}"], check=True,
                            capture_output=True)
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(conf)], check=True, capture_output=True)
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True)
+        for name in names:
+            subprocess.run(["slurmd", "-f", str(conf), "-N", name], check=True,
+                           capture_output=True)
         deadline = time.monotonic() + 60
         while True:
             state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=dict(os.environ, **env),
@@ -277,7 +293,8 @@ def local_slurm(folder: Path):
     finally:
         subprocess.run(["scancel", "--full", "--user=root"], env=dict(os.environ, **env),
                        capture_output=True)
-        for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", munge_pid):
+        for pid_file in [*(folder / f"slurmd-{name}.pid" for name in names),
+                         folder / "slurmctld.pid", munge_pid]:
             stop_daemon(pid_file)
 
 

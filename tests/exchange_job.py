@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 
-from kspipe.modes.exchange import ParameterExchange, StrategyExchange
+from kspipe.modes.dense import ParameterExchange
+from kspipe.modes.exchange import StrategyExchange
 from kspipe.modes.pserver import PserverRole
 from kspipe.modes.role import read_vars, write_vars
 from kspipe.testing import QuietReporter

@@ -57,8 +57,8 @@ def test_a_launchers_refusal_and_an_unknown_launcher_are_one_line(installed, tmp
     assert not (tmp_path / "big" / "logs").exists()  # no process was started
     result = kspipe(installed, tmp_path, *JOB, "cluster.launcher=relai",
                     f"run_dir={tmp_path / 'typo'}")
-    assert_one_line_error(result, "cluster.launcher='relai' is not one of paddlejob, "
-                                  "processes, relay, slurm")
+    assert_one_line_error(result, "cluster.launcher='relai' is not one of paddle, "
+                                  "paddlejob, processes, relay, slurm")
 
 
 def test_kspipe_plugins_lists_the_launcher(installed, tmp_path):

@@ -44,6 +44,14 @@ def runs(tmp: Path) -> list:
         return sorted(db.execute("select status from runs"))
 
 
+def recorded(tmp: Path) -> list:
+    """The runs' statuses, if a run was ever recorded in ``tmp``'s store."""
+    try:
+        return runs(tmp) if (tmp / "mlflow.db").exists() else []
+    except sqlite3.OperationalError:  # a store begun, no run in it
+        return []
+
+
 #: Slurm's tests run where a one-node Slurm can be started (installed, and root: the
 #: README installs it so); elsewhere they are skipped, saying why.
 needs_slurm = pytest.mark.skipif(slurm_missing() is not None, reason=str(slurm_missing()))
@@ -119,6 +127,74 @@ def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, launched):
     check_one_job(tmp_path, launched)
 
 
+COLLECTIVE = ["mode=collective", "workers=2"]
+
+
+@pytest.fixture(scope="module")
+def launched_collective(tmp_path_factory, tiny_data):
+    """The collective job started by kspipe's own launcher: the reference weights."""
+    tmp = tmp_path_factory.mktemp("launched-collective")
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *overrides(tmp, tiny_data),
+                             *COLLECTIVE, f"run_dir={tmp / 'run'}"], cwd=tmp,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final_weights(tmp / "run")
+
+
+def kspipe_processes(tmp: Path) -> list[str]:
+    """Processes still running a command of the job in ``tmp`` (their command lines)."""
+    out = subprocess.run(["pgrep", "-af", str(tmp)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.mark.parametrize("form", ["pserver", "collective"])
+def test_cluster_launcher_paddle_runs_the_job_under_paddles_launcher(
+        tmp_path, tiny_data, form, request):
+    """``cluster.launcher=paddle``: the kspipe command runs ``python -m
+    paddle.distributed.launch`` with kspipe's roles as its program; one run folder (the
+    command's), one FINISHED run, Paddle's logs in it, and kspipe's own launcher's weights,
+    bit for bit."""
+    expected = request.getfixturevalue("launched" if form == "pserver" else "launched_collective")
+    job = overrides(tmp_path, tiny_data) + ([] if form == "pserver" else COLLECTIVE)
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, "cluster.launcher=paddle"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (folder,) = (tmp_path / "outputs").glob("*/*")  # the command's own Hydra folder
+    got = final_weights(folder)
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",)]
+    logs = sorted(p.name for p in (folder / "logs").iterdir())
+    assert {"workerlog.0", "workerlog.1"} <= set(logs), logs
+    assert ("serverlog.0" in logs) == (form == "pserver")
+    assert result.stdout.strip().splitlines()[-1].startswith("kspipe: done: test_accuracy")
+    assert f"(run folder {folder})" in result.stdout
+    assert "meta-train 4/4" in result.stderr  # worker 0's progress, from its log
+    assert "LAUNCH" not in result.stdout + result.stderr  # Paddle's own lines stay in its log
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "mlruns", "outputs"]
+    assert not kspipe_processes(tmp_path)
+
+
+def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
+    """Every worker stops on a data error: the command names one, whatever Paddle's launcher
+    exits with, and nothing is left running or RUNNING."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job = [o if not o.startswith("dataset.root=") else f"dataset.root={empty}"
+           for o in overrides(tmp_path, tiny_data)]
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, "cluster.launcher=paddle"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert len(errors) == 1, result.stderr
+    assert f"data folder {empty} is empty" in errors[0], errors[0]
+    assert errors[0].startswith("kspipe: error: worker ") and "(its log: " in errors[0]
+    assert "Traceback" not in result.stderr
+    assert ("RUNNING",) not in recorded(tmp_path)
+    assert not kspipe_processes(tmp_path)
+
+
 @pytest.mark.parametrize("environment, message", [
     ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "1",
       "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000", "PADDLE_WITH_GLOO": "1",
@@ -187,11 +263,51 @@ def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
     assert nothing_queued(slurm)
 
 
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A Slurm of two nodes (two slurmd on this host, at 127.0.0.1 and 127.0.0.2)."""
+    from kspipe.testing import local_slurm
+
+    folder = tmp_path_factory.mktemp("slurm-two-nodes")
+    with local_slurm(folder, nodes=2) as env:
+        yield folder, env
+
+
+@needs_slurm
+def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, launched,
+                                                          two_nodes):
+    """An allocation of two nodes: the processes go to the nodes in turn (worker 0 to the
+    second, at its NodeAddr), and the job reaches kspipe's own launcher's weights."""
+    folder, slurm = two_nodes
+    run = tmp_path / "run"
+    result = subprocess.run(
+        ["salloc", "-N", "2", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
+         *overrides(tmp_path, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
+        cwd=tmp_path, env=dict(os.environ, **slurm), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = final_weights(run)
+    for name, value in launched.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert runs(tmp_path) == [("FINISHED",)]
+    job = yaml_of(run / "job.yaml")
+    assert "launch task StepId=" in (folder / "slurmd-node2.log").read_text()
+    assert job["run_dir"] == str(run)
+    assert "127.0.0.2:" in (run / "logs" / "worker.0.log").read_text()
+    assert nothing_queued(slurm)
+
+
+def yaml_of(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
 @needs_slurm
 @pytest.mark.parametrize("allocate, message", [
     (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
                                        "needs 3 (one per server and worker)"),
-    ([], "cluster.launcher='nope' is not one of paddlejob, processes, slurm"),
+    ([], "cluster.launcher='nope' is not one of paddle, paddlejob, processes, slurm"),
 ])
 def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate,
                                                    message):

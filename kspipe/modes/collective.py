@@ -34,7 +34,8 @@ from kspipe.errors import ConfigError
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
 from kspipe.endpoints import process_count
-from kspipe.modes.launch import GLOO_ENDPOINT_ENV, LOG_DIR_ENV, Launcher, run_cluster
+from kspipe.modes.launch import Launcher
+from kspipe.modes.plan import GLOO_ENDPOINT_ENV, LOG_DIR_ENV
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 
 
@@ -351,5 +352,5 @@ class CollectiveLauncher(Launcher):
                                   devices=self.devices,
                                   log_dir=os.path.join(reporter.run_dir, "debug"))
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
-        return run_cluster(cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})",
-                           hosts=self.hosts, launcher=self.launcher)
+        return self.launcher.run(cfg, reporter, plan,
+                                 f"{len(plan)} collective worker(s) ({where})", hosts=self.hosts)

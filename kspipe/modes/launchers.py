@@ -1,7 +1,7 @@
 """``cluster.launcher``: who starts the processes a mode planned (a plugin may add its own).
 
 A mode plans its job: the roles, their endpoints and Paddle's environment contract
-(:func:`kspipe.modes.launch.launch_plan`).  A process launcher places that plan and says
+(:func:`kspipe.modes.plan.launch_plan`).  A process launcher places that plan and says
 how each process is started; kspipe's :class:`kspipe.modes.launch.Cluster` then starts
 them that way, watches them, stops them all when one fails and names it; each role only
 plays its part.  Built in (each module a plugin of its own):
@@ -11,7 +11,9 @@ plays its part.  Built in (each module a plugin of its own):
 * ``slurm`` (:class:`kspipe.modes.slurm.SlurmLauncher`): job steps of the Slurm allocation
   the job runs in, or, outside one, the job submitted with ``sbatch``;
 * ``paddlejob`` (:class:`kspipe.modes.kubernetes.PaddleJobLauncher`): a ``PaddleJob``
-  manifest, whose pods Kubernetes starts.
+  manifest, whose pods Kubernetes starts;
+* ``paddle`` (:class:`kspipe.modes.fleetrun.PaddleLauncher`): Paddle's own launcher
+  (``python -m paddle.distributed.launch``) starts the job's processes.
 
 A plugin adds one by returning it from the hook ``kspipe_process_launchers``
 (docs/plugins.md, "Writing a launcher").
@@ -20,7 +22,8 @@ A plugin adds one by returning it from the hook ``kspipe_process_launchers``
 from __future__ import annotations
 
 from kspipe import hookimpl
-from kspipe.modes.launch import Planned, launch_plan
+from kspipe.modes.launch import run_cluster
+from kspipe.modes.plan import Planned, launch_plan
 
 
 class ProcessLauncher:
@@ -47,9 +50,17 @@ class ProcessLauncher:
 
     def plan(self, kind: str, cfg, workers, servers=None, **options) -> list[Planned]:
         """The processes of a ``kind`` job that this launcher starts
-        (:func:`kspipe.modes.launch.launch_plan`, whose ``options`` these are): by default
+        (:func:`kspipe.modes.plan.launch_plan`, whose ``options`` these are): by default
         this host's."""
         return launch_plan(kind, workers, servers, cfg.cluster.host, **options)
+
+    def run(self, cfg, reporter, plan: list[Planned], description: str, hosts=None) -> dict:
+        """Start the ``plan``'s processes, watch them, stop them together when one fails or
+        this process is stopped, and return the job's metrics (a
+        :class:`kspipe.errors.ClusterError` naming the process that failed).  By default
+        kspipe's own watcher (:func:`kspipe.modes.launch.run_cluster`), which starts each
+        process as :meth:`command` says."""
+        return run_cluster(cfg, reporter, plan, description, hosts=hosts, launcher=self)
 
     def command(self, planned: Planned, command: list[str]) -> list[str]:
         """The command that starts the ``planned`` process, whose own command is

@@ -12,7 +12,8 @@ import os
 from kspipe import hookimpl
 from kspipe.errors import ClusterError, KspipeError
 from kspipe.endpoints import process_count
-from kspipe.modes.launch import Launcher, error_line, launch_plan, run_cluster
+from kspipe.modes.launch import Launcher, error_line, run_cluster
+from kspipe.modes.plan import launch_plan
 from kspipe.modes.role import Role
 from kspipe.reporting import say
 

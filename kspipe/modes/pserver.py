@@ -28,7 +28,7 @@ from kspipe.files import user_path
 from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import Launcher, run_cluster
+from kspipe.modes.launch import Launcher
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 from kspipe.modes.tables import FleetTables, check_manifest
 
@@ -185,5 +185,5 @@ class PserverLauncher(Launcher):
         workers = len(plan) - servers
         if not servers and not workers:
             raise ConfigError("nothing to start on this host")
-        return run_cluster(cfg, reporter, plan, f"{servers} server(s) and {workers} worker(s) "
-                           f"({cfg.cluster.strategy})", hosts=self.hosts, launcher=self.launcher)
+        return self.launcher.run(cfg, reporter, plan, f"{servers} server(s) and {workers} "
+                                 f"worker(s) ({cfg.cluster.strategy})", hosts=self.hosts)

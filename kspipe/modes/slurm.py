@@ -29,7 +29,7 @@ import sys
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.modes.launch import Planned, launch_plan
+from kspipe.modes.plan import Planned, launch_plan
 from kspipe.modes.launchers import ProcessLauncher
 
 
@@ -111,13 +111,29 @@ def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], li
     if len(nodes) == 1:  # one node, this one: loopback
         hosts = ["127.0.0.1"] * (servers + workers)
     else:
-        hosts = [address(nodes[i % len(nodes)]) for i in range(servers + workers)]
+        addresses = node_addresses(nodes, env)
+        hosts = [addresses[nodes[i % len(nodes)]] for i in range(servers + workers)]
     eps = [f"{h}:{p}" for h, p in zip(hosts, ports)]
     return eps[:servers], eps[servers:]
 
 
+def node_addresses(nodes: list[str], env=os.environ) -> dict:
+    """``{node: address}``: where the other nodes reach each node.  Slurm's own ``NodeAddr``
+    when slurm.conf gives one (the address its controller reaches the node at), else the
+    node's name resolved here."""
+    out = subprocess.run(["scontrol", "-o", "show", "node", ",".join(nodes)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    given = {}
+    for line in out.stdout.splitlines():
+        fields = dict(item.partition("=")[::2] for item in line.split() if "=" in item)
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            given[fields["NodeName"]] = fields["NodeAddr"]
+    return {node: given[node] if given.get(node, node) != node else address(node)
+            for node in nodes}
+
+
 def address(node: str) -> str:
-    """A node's address that the other nodes reach."""
+    """A node's address that the other nodes reach, from its name."""
     try:
         found = socket.gethostbyname(node)
     except OSError as err:
@@ -134,8 +150,8 @@ def node_of(endpoint: str, env=os.environ) -> str:
     host = endpoint.rpartition(":")[0]
     if len(nodes) == 1:
         return nodes[0]
-    for node in nodes:
-        if address(node) == host:
+    for node, found in node_addresses(nodes, env).items():
+        if found == host:
             return node
     raise ConfigError(f"{endpoint} is on none of the allocation's nodes ({', '.join(nodes)})")
 
