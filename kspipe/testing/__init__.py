@@ -1,0 +1,35 @@
+"""A small test kit for kspipe and its plugins, and the helpers kspipe's own tests share.
+
+    from kspipe.testing import compose_config, tiny_overrides
+    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, data)])
+
+Every helper is importable from here; each lives in the module of its kind:
+
+* :mod:`kspipe.testing.runs`: runs in the test's own process (a composed config, a tiny
+  data set, kspipe's registry with a test's plugins, a hook recorder, a busy machine);
+* :mod:`kspipe.testing.commands`: the ``kspipe`` command in processes of its own (plugins
+  installed as a user installs them, its one-line error, the runs and processes it left);
+* :mod:`kspipe.testing.serving`: a run's MLflow model served, and what it must answer;
+* :mod:`kspipe.testing.slurm`: a Slurm cluster on loopback.
+"""
+
+import os
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
+                                     job_processes, plugin_env, run_kspipe, run_statuses)
+from kspipe.testing.runs import (HookRecorder, QuietReporter, compose_config,  # noqa: E402
+                                 overloaded, plugin_manager, tiny_omniglot, tiny_overrides)
+from kspipe.testing.serving import (Server, a_test_task, invoke, model_server,  # noqa: E402
+                                    reference_adaptation)
+from kspipe.testing.slurm import local_slurm, slurm_missing, stop_daemon  # noqa: E402
+
+__all__ = [
+    "compose_config", "tiny_omniglot", "tiny_overrides", "plugin_manager", "QuietReporter",
+    "HookRecorder", "overloaded",
+    "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
+    "job_processes",
+    "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",
+    "local_slurm", "slurm_missing", "stop_daemon",
+]

@@ -1,0 +1,135 @@
+"""A Slurm cluster on loopback for a test: its daemons started with a configuration of
+their own (nothing in /etc), stopped at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+SLURM_CONF = """ClusterName=kspipe
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool-%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd-%n.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+#: One node: this host, 8 CPUs.  Several: nodes ``node1``, ``node2`` ... of 4 CPUs each, all
+#: this host, each its own slurmd at a loopback address of its own (127.0.0.<i>).
+ONE_NODE = "NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN"
+NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.{number} Port={port} CPUs=4 "
+        "State=UNKNOWN")
+SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo", "scontrol")
+
+
+def slurm_missing() -> str | None:
+    """Why a one-node Slurm cannot be started here, or None."""
+    import shutil
+
+    missing = [p for p in SLURM_PROGRAMS if shutil.which(p) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing; README: Slurm)"
+    if os.geteuid() != 0:
+        return "a one-node Slurm runs its daemons as root"
+    return None
+
+
+@contextlib.contextmanager
+def local_slurm(folder: Path, nodes: int = 1):
+    """A Slurm cluster on loopback, configured under ``folder`` (nothing in /etc); yields
+    the environment its commands need (``SLURM_CONF``).  Its daemons are stopped at the end.
+
+    One node is this host with 8 CPUs, so that small jobs' steps run side by side.  With
+    ``nodes`` > 1, each node (``node1``, ``node2`` ...) is a slurmd of its own on this host,
+    at an address of its own (127.0.0.1, 127.0.0.2 ...), as a cluster of several machines
+    looks to a job: its node list, each node's ``NodeAddr``, steps placed on a node."""
+    import socket
+    import subprocess
+    import time
+
+    from kspipe.endpoints import free_ports
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state").mkdir(exist_ok=True)
+    host = socket.gethostname()
+    ctld_port, slurmd_port, *ports = free_ports(2 + nodes)
+    names = [host] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
+    lines = [ONE_NODE.format(host=host)] if nodes == 1 else [
+        NODE.format(name=name, host=host, number=i + 1, port=port)
+        for i, (name, port) in enumerate(zip(names, ports))]
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(host=host, folder=folder, ctld_port=ctld_port,
+                                      slurmd_port=slurmd_port, nodes="\n".join(lines),
+                                      names=",".join(names)))
+    env = {"SLURM_CONF": str(conf)}
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    munge_pid = folder / "munged.pid"
+    try:
+        if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
+            subprocess.run(["munged", "--force", f"--pid-file={munge_pid}"], check=True,
+                           capture_output=True)
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True)
+        for name in names:
+            subprocess.run(["slurmd", "-f", str(conf), "-N", name], check=True,
+                           capture_output=True)
+        deadline = time.monotonic() + 60
+        while True:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=dict(os.environ, **env),
+                                   capture_output=True, text=True).stdout.strip()
+            if state == "idle":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the local Slurm did not come up (sinfo: {state!r}); "
+                                   f"logs in {folder}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        subprocess.run(["scancel", "--full", "--user=root"], env=dict(os.environ, **env),
+                       capture_output=True)
+        for pid_file in [*(folder / f"slurmd-{name}.pid" for name in names),
+                         folder / "slurmctld.pid", munge_pid]:
+            stop_daemon(pid_file)
+
+
+def stop_daemon(pid_file: Path, grace_s: float = 10.0) -> None:
+    """SIGTERM to the daemon ``pid_file`` names, if any; SIGKILL if it is still there after
+    ``grace_s``."""
+    import time
+
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        if "\nState:\tZ" in status:  # exited; its parent has yet to reap it
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass

@@ -1,0 +1,81 @@
+"""The ``kspipe`` command as a user runs it: bad input gives one clear line, no traceback,
+a non-zero exit, and leaves no FINISHED run behind."""
+
+import shutil
+import sys
+
+import pytest
+
+from kspipe.testing import assert_one_line_error, run_kspipe, run_statuses, tiny_overrides
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["+experiment=omniglot_6way"], ["unknown experiment 'omniglot_6way'", "omniglot_5way"]),
+    (["mode=ring"], ["unknown mode 'ring'"]),
+    (["workers=0"], ["workers=0 must be at least 1"]),
+    (["task.shots=0"], ["task.shots=0 must be at least 1"]),
+    (["train.meta_iters=-5"], ["train.meta_iters=-5 must be at least 0"]),
+    (["train.inner_iters=-1"], ["train.inner_iters=-1"]),
+    (["eval.tasks=many"], ["eval.tasks=many: must be an integer"]),
+    (["stages.dataset=nowhere"], ["stages.dataset='nowhere'", "open_ks"]),
+    (["dataset.name=cifar"], ["dataset.name='cifar'"]),
+    (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
+    (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
+])
+def test_bad_config(tmp_path, args, fragments):
+    result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, tmp_path), *args,
+                        cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    assert "FINISHED" not in run_statuses(tmp_path / "mlflow.db")
+
+
+@pytest.fixture
+def data_copy(tmp_path, tiny_data):
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_data, copy)
+    return copy
+
+
+def first_character(root):
+    return sorted((root / "images_background").glob("*/*"))[0]
+
+
+@pytest.mark.parametrize("damage, args, fragments", [
+    (lambda root: shutil.rmtree(root), [], ["does not exist"]),
+    (lambda root: [shutil.rmtree(p) for p in root.iterdir()], [], ["is empty"]),
+    (lambda root: (first_character(root) / sorted(first_character(root).iterdir())[1].name)
+     .write_bytes(b"\x89PNG broken"), [], ["cannot read image", ".png"]),
+    (lambda root: [p.unlink() for p in sorted(first_character(root).iterdir())[2:]],
+     ["task.shots=2"], ["has 2 images, fewer than the 3"]),
+    (lambda root: None, ["task.ways=11"], ["task.ways=11 is more than the 10 test classes"]),
+])
+def test_bad_data(tmp_path, data_copy, damage, args, fragments):
+    damage(data_copy)
+    result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, data_copy),
+                        "train.meta_iters=1", "eval.baseline=false", *args, cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    if "cannot read image" in fragments:
+        assert first_character(data_copy).name in result.stderr
+    assert "FINISHED" not in run_statuses(tmp_path / "mlflow.db")
+
+
+def test_hydra_is_given_the_command_line_for_its_call_only(monkeypatch, capsys):
+    from kspipe.cli import run_hydra
+    from kspipe.schema import register_schemas
+
+    register_schemas(None)
+    monkeypatch.setattr(sys, "argv", ["kspipe", "workers=oops"])
+    ran = []
+    run_hydra(ran.append, ["--cfg", "job", "workers=3"])  # prints the config, runs no job
+    assert "workers: 3" in capsys.readouterr().out and ran == []
+    assert sys.argv == ["kspipe", "workers=oops"]
+
+
+def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
+    """submitit pickles the task into each Slurm job: its plugin manager stays here."""
+    import cloudpickle
+
+    from kspipe.cli import Jobs
+
+    task = cloudpickle.loads(cloudpickle.dumps(Jobs(object(), ["workers"]).run))
+    assert task.__self__.pm is None and task.__self__.swept == ["workers"]

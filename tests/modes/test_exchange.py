@@ -1,0 +1,176 @@
+"""The parameter servers' exchange, checked exactly on real clusters on 127.0.0.1.
+
+* the arithmetic of each strategy (exchange_job.py: known changes, small integers,
+  so every value is exact in float32), with one and two servers;
+* Reptile with ``cluster.strategy=sync``: W workers end with the weights of one process
+  whose meta-batch is the workers' tasks together (float rounding apart), with one and two
+  servers.
+
+The long learning runs, each mode against a local run over the same tasks, are in
+workloads/test_learning.py.
+"""
+
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kspipe.modes.launch import Cluster
+from kspipe.modes.plan import launch_plan
+from kspipe.pipeline import run
+from kspipe.testing import compose_config, overloaded, plugin_manager, tiny_overrides
+
+JOB = Path(__file__).with_name("exchange_job.py")
+START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
+         "third": np.full(5, 7.0, np.float32)}
+
+
+def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = Cluster(str(tmp_path), echo_first_worker=False)
+    plan = launch_plan("pserver", 2, servers, meeting_dir=str(tmp_path / "gloo"), threads=1)
+    try:
+        for p in plan:
+            cluster.start(p.role, p.index, p.env,
+                          [sys.executable, str(JOB), strategy, str(k_steps), str(rounds), str(out),
+                          str(int(wait_push))])
+        cluster.wait(timeout_s=120)
+    finally:
+        cluster.stop()
+    return [json.loads((out / f"worker{w}.json").read_text()) for w in range(2)]
+
+
+def servers_after(round_, k_steps, scale):
+    """What the servers hold after ``round_`` rounds: each worker's changes times ``scale``."""
+    steps = round_ * k_steps
+    own = np.full((2, 3), steps * scale, np.float32)
+    return {"shared": START["shared"] + steps * 3 * scale, "own": own, "third": START["third"]}
+
+
+def assert_holds(actual: dict, expected: dict, what: str):
+    for name, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(actual[name], np.float32), value,
+                                      err_msg=f"{what}: {name}")
+
+
+@pytest.mark.parametrize("strategy, k_steps, servers", [
+    ("sync", 1, 1), ("sync", 1, 2), ("async", 1, 1), ("geo", 3, 2)])
+def test_strategy_arithmetic(tmp_path, strategy, k_steps, servers):
+    rounds = 3
+    records = exchange_job(tmp_path, strategy, k_steps, rounds, servers)
+    scale = 1.0 if strategy == "async" else 0.5  # sync and geo send the change / workers
+    for w, record in enumerate(records):
+        assert_holds(record["connected"], START, f"worker {w} after connecting")  # worker 0's
+        for r, servers_view in enumerate(record["servers"], 1):
+            assert_holds(servers_view, servers_after(r, k_steps, scale), f"round {r}")
+        for step, held in enumerate(record["held"], 1):
+            r, into = divmod(step, k_steps)
+            if strategy == "sync":  # every worker starts its next step from the servers'
+                assert_holds(held, servers_after(r, 1, scale), f"worker {w} step {step}")
+            elif into == 0:  # an exchange: the pull holds this worker's own push
+                assert held["own"][w] == [r * k_steps * scale] * 3, (w, step, held)
+            else:  # geo between exchanges: the local changes alone
+                assert held["own"][w] == [r * k_steps * scale + into] * 3, (w, step, held)
+        assert_holds(record["final"], servers_after(rounds, k_steps, scale), f"worker {w} final")
+
+
+def test_sync_loses_nothing_on_an_overloaded_machine(tmp_path):
+    """40 sync rounds, two servers, 4 busy processes on the cores: every round exact."""
+    rounds = 40
+    with overloaded(processes=4, seconds=240):
+        records = exchange_job(tmp_path, "sync", 1, rounds, 2, wait_push=False)
+    for w, record in enumerate(records):
+        assert len(record["servers"]) == rounds
+        for r, servers_view in enumerate(record["servers"], 1):
+            assert_holds(servers_view, servers_after(r, 1, 0.5), f"round {r}")
+        assert_holds(record["final"], servers_after(rounds, 1, 0.5), f"worker {w} final")
+
+
+def test_async_without_waiting_lags_two_pushes_at_most_and_loses_nothing(tmp_path):
+    """Async steps that do not wait for their pushes, two servers, 4 busy processes on the
+    cores (Paddle's client then queues up to 14 pushes): every value a worker pulls holds
+    all the worker's own pushes but at most the last two, and after finish the servers
+    hold every push."""
+    steps = 300  # as one "round" (async pushes every step): no barrier between steps
+    with overloaded(processes=4, seconds=240):
+        records = exchange_job(tmp_path, "async", steps, 1, 2, wait_push=False)
+    for w, record in enumerate(records):
+        for step, held in enumerate(record["held"], 1):
+            assert set(held["own"][w]) <= {step - 2.0, step - 1.0, float(step)}, (w, step, held)
+        assert_holds(record["final"], servers_after(1, steps, 1.0), f"worker {w} final")
+
+
+def test_layout_puts_push_counts_first_in_every_part_a_server_applies():
+    """Paddle's client gives server s the values [s * (size // S + 1), ...) of a dense
+    table, and the server applies them in 10 parts (the first ones one longer): each
+    part begins with the workers' counts, apart from every weight."""
+    from kspipe.modes.dense import SERVER_PARTS, Layout
+
+    for weights, workers, servers in [(1, 1, 1), (3, 4, 2), (10, 2, 3), (112451, 8, 5),
+                                      (0, 3, 7), (17, 1, 16), (1001, 2, 2)]:
+        layout = Layout({"a": [weights]}, workers, servers)
+        per = layout.size // servers + 1
+        for s in range(servers):
+            length = min((s + 1) * per, layout.size) - s * per
+            sizes = [length // SERVER_PARTS + (p < length % SERVER_PARTS)
+                     for p in range(SERVER_PARTS)]
+            for p in range(SERVER_PARTS):
+                start = s * per + sum(sizes[:p])
+                assert list(layout.counts[:, s * SERVER_PARTS + p]) == list(
+                    range(start, start + workers)) and sizes[p] >= workers
+        assert not set(layout.counts.ravel()) & set(layout.weights)
+        assert len(set(layout.weights)) == weights
+        flat = np.arange(layout.size, dtype=np.float32)
+        values = layout.split(flat)["a"]
+        np.testing.assert_array_equal(layout.split(layout.join({"a": values + 1}, flat))["a"],
+                                      values + 1)
+
+
+@pytest.fixture(scope="module")
+def sync_common(tmp_path_factory, tiny_data):
+    tmp = tmp_path_factory.mktemp("sync")
+    return [*tiny_overrides(tmp, tiny_data), "train.inner_optimizer=sgd", "train.inner_lr=0.05",
+            "train.inner_iters=3", "train.checkpoint_every=0", "eval.baseline=false",
+            "eval.interval=0", "tracking.enabled=false", "model.filters=8"]
+
+
+def final_weights(run_dir: Path) -> dict:
+    (path,) = sorted((run_dir / "checkpoints").glob("checkpoint-*/state.pdparams"))[-1:]
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def reptile_run(tmp_path, common, name, *overrides):
+    cfg = compose_config(["+experiment=omniglot_5way", *common,
+                          f"run_dir={tmp_path / name}", *overrides])
+    metrics = run(cfg, plugin_manager())
+    return metrics, final_weights(tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, sync_common):
+    """One process, 3 meta-iterations of 4 tasks: the reference of 2 workers x 2 tasks."""
+    tmp = tmp_path_factory.mktemp("one")
+    _, weights = reptile_run(tmp, sync_common, "local", "train.meta_batch=4", "train.meta_iters=3")
+    return weights
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_sync_reptile_equals_one_process_over_the_workers_tasks(tmp_path, sync_common,
+                                                                one_process, servers):
+    metrics, cluster = reptile_run(tmp_path, sync_common, "cluster", "train.meta_batch=2",
+                                   "train.meta_iters=6", "mode=pserver", "workers=2",
+                                   f"servers={servers}", "cluster.strategy=sync",
+                                   "cluster.timeout_s=300")
+    for name, value in one_process.items():
+        if not name.endswith((".mean", ".var")):  # batch norm's running statistics stay local
+            np.testing.assert_allclose(cluster[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    # each worker's 2 tasks alone would end elsewhere: the comparison can tell
+    _, alone = reptile_run(tmp_path, sync_common, "alone", "train.meta_batch=2", "train.meta_iters=3")
+    assert max(np.abs(alone[n] - one_process[n]).max() for n in one_process
+               if n.startswith("conv")) > 1e-3
+    assert metrics["tasks_per_s"] > 0 and metrics["worker1/tasks_per_s"] > 0

@@ -1,0 +1,83 @@
+"""The MLflow store: jobs started together on one new SQLite store all finish and are all
+recorded (one of them creates the store, under a lock), and a store that cannot be opened
+is one line before anything runs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from kspipe.errors import ConfigError
+from kspipe.observers import store, sweep_runs
+from kspipe.testing import run_statuses, tiny_overrides
+
+#: The smallest run: one meta-iteration, two evaluation tasks, no baseline.
+QUICK = ["train.meta_iters=1", "train.inner_iters=1", "eval.tasks=2", "eval.train_tasks=2",
+         "eval.inner_iters=1", "eval.baseline=false"]
+
+
+def job_args(tmp_path, data, *extra):
+    """``kspipe`` arguments of a quick run whose store is the default one (``mlflow.db`` in
+    the folder it starts in), with ``extra`` last."""
+    tiny = [o for o in tiny_overrides(tmp_path, data)
+            if not o.startswith(("run_dir=", "tracking.uri="))]
+    return [sys.executable, "-m", "kspipe.cli", "+experiment=omniglot_5way", *tiny, *QUICK,
+            *extra]
+
+
+def test_jobs_started_together_on_a_new_store_all_finish_and_are_recorded(tmp_path, tiny_data):
+    jobs = [subprocess.Popen(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / f'run{i}'}"),
+                             cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+            for i in range(4)]
+    results = [(job.wait(timeout=300), *job.communicate()) for job in jobs]
+    for code, _, err in results:
+        assert code == 0, err
+        assert "Traceback" not in err
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"] * 4
+    assert not [name for name in os.listdir(tmp_path) if "lock" in name]  # the folder was locked
+
+
+def test_the_store_lock_excludes_a_second_holder(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    probe = ("import fcntl, os, sys\n"
+             "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n"
+             "    sys.exit(1)\n")
+    with store.store_lock(uri):
+        held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")])
+    free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")])
+    assert (held.returncode, free.returncode) == (1, 0)
+    assert os.listdir(tmp_path / "store") == []
+
+
+@pytest.mark.parametrize("uri, damage, fragment", [
+    ("sqlite:////proc/kspipe/mlflow.db", None, "No such file or directory"),
+    ("sqlite:///{tmp}/store.db", b"this is no database", "file is not a database"),
+])
+def test_a_store_that_cannot_be_opened_is_one_line_before_training(tmp_path, tiny_data, uri,
+                                                                   damage, fragment):
+    uri = uri.format(tmp=tmp_path)
+    if damage:
+        (tmp_path / "store.db").write_bytes(damage)
+    result = subprocess.run(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
+                                     f"tracking.uri={uri}"),
+                            cwd=tmp_path, text=True, capture_output=True, timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"kspipe: error: tracking.uri={uri}: "
+                                "cannot open the MLflow store: ")
+    assert fragment in errors[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before training
+
+
+def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
+    cfg = OmegaConf.create({"tracking": {"uri": "sqlite:////proc/kspipe/mlflow.db",
+                                         "experiment": "kspipe"}})
+    with pytest.raises(ConfigError, match="cannot open the MLflow store"):
+        sweep_runs.start_parent_run(cfg, "sweep", {})
+    assert sweep_runs.PARENT_RUN_ENV not in os.environ
