@@ -100,6 +100,14 @@ class FewShotClass(Protocol):
     def sample(self, num_images: int, rng: np.random.Generator | None = None) -> np.ndarray: ...
 
 
+#: What a workload may need of its mode (:attr:`Workload.needs`); a mode's ``refuses`` says
+#: which it cannot give.
+NEEDS = {
+    "dataset_training": "trains with Executor.train_from_dataset (C++ reader threads)",
+    "sparse_tables": "keeps embedding tables with sparse updates",
+}
+
+
 @dataclass(frozen=True)
 class Workload:
     """What a workload (the plugin serving ``program``) declares of itself.
@@ -108,7 +116,7 @@ class Workload:
     :param headline: the metric that says how good a run is (``test_accuracy``).
     :param rate: the metric that says how fast it trained (``tasks_per_s``).
     :param summary: the metrics the closing line shows, in order (default: headline, rate).
-    :param needs: what it needs of a mode (:data:`kspipe.modes.role.NEEDS`); a mode that
+    :param needs: what it needs of a mode (keys of :data:`NEEDS`); a mode that
         cannot give one refuses the job before any process starts.
     :param serving: ``module:Class`` of the predictor that serves its exported model as an
         MLflow model (:mod:`kspipe.observers.serving` says what it must offer); empty: the

@@ -45,7 +45,7 @@ def builtin_plugins():
         ("reptile", reptile),
         ("datafeed", datafeed),
         ("ctr", ctr),
-        ("progress", progress),
+        ("progress", progress.ProgressLine()),
         ("mlflow", tracking.MlflowTracker()),
     ]
 

@@ -29,13 +29,6 @@ import numpy as np
 
 from kspipe.errors import ConfigError
 
-#: What a workload may need of its mode (see :class:`kspipe.contracts.Workload`).
-NEEDS = {
-    "dataset_training": "trains with Executor.train_from_dataset (C++ reader threads)",
-    "sparse_tables": "keeps embedding tables with sparse updates",
-}
-
-
 class Role:
     """A process's place in a job.  This base class is a one-process job: the only worker.
 

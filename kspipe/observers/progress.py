@@ -14,6 +14,8 @@ from kspipe import hookimpl
 
 
 class ProgressLine:
+    """The built-in plugin ``progress``: one display, on ``stream`` (standard error)."""
+
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.interactive = self.stream.isatty()
@@ -22,6 +24,10 @@ class ProgressLine:
         self.started = 0.0
         self.first_step = 0
         self.last_shown = 0.0
+
+    @hookimpl
+    def kspipe_progress(self, task, step, total, values):
+        self.update(task, step, total, values)
 
     def update(self, task: str, step: int, total: int, values: dict) -> None:
         now = time.monotonic()
@@ -58,13 +64,3 @@ def _duration(seconds: float) -> str:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
 
-
-_line = None
-
-
-@hookimpl
-def kspipe_progress(task, step, total, values):
-    global _line
-    if _line is None:
-        _line = ProgressLine()
-    _line.update(task, step, total, values)

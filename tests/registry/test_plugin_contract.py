@@ -76,8 +76,7 @@ def within(name: str, packages) -> bool:
 
 
 PLUGIN_PACKAGES = ("kspipe.modes", "kspipe.reptile", "kspipe.ctr", "kspipe.datafeed",
-                   "kspipe.fewshot", "kspipe.observers", "kspipe.openks",
-                   "kspipe.data", "kspipe.role")  # the last two re-export plugin modules
+                   "kspipe.fewshot", "kspipe.observers", "kspipe.openks")
 CORE = ("pipeline", "plugin_manager", "hookspecs", "contracts", "errors", "config", "files",
         "reporting", "checkpoint", "inference", "compiling")
 WORKLOADS = ("kspipe.reptile", "kspipe.ctr")
@@ -107,7 +106,7 @@ def test_workloads_import_no_mode():
     bad = [f"{module} line {line}: {imported}"
            for module in MODULES if within(module, WORKLOADS)
            for imported, line in imports(module, module_level=False)
-           if within(imported, MODES + ("kspipe.role",))]
+           if within(imported, MODES)]
     assert not bad, f"workloads import modes (ask the role instead): {bad}"
 
 
