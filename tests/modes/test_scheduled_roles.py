@@ -230,20 +230,27 @@ def nothing_queued(env: dict, within_s: float = 30) -> bool:
     return True
 
 
+def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc) -> Path:
+    """The tiny job run by ``salloc <salloc> kspipe ... cluster.launcher=slurm``: it
+    succeeds, reaches the ``expected`` weights bit for bit and records one FINISHED run;
+    its run folder."""
+    run = tmp / "run"
+    result = subprocess.run(
+        ["salloc", *salloc, "--quiet", sys.executable, "-m", "kspipe.cli",
+         *overrides(tmp, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
+        cwd=tmp, env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = final_weights(run)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert run_statuses(tmp / "mlflow.db") == ["FINISHED"]
+    return run
+
+
 @needs_slurm
 def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
         tmp_path, tiny_data, launched, slurm):
-    run = tmp_path / "run"
-    result = subprocess.run(
-        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
-         *overrides(tmp_path, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
-        cwd=tmp_path, env=dict(os.environ, **slurm), capture_output=True, text=True,
-        timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = final_weights(run)
-    for name, value in launched.items():
-        np.testing.assert_array_equal(got[name], value, err_msg=name)
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
+    run = allocated_job(tmp_path, tiny_data, slurm, launched, "-n", "3")
     assert sorted(p.name for p in (run / "logs").iterdir()) == [
         "server.0.log", "worker.0.log", "worker.1.log"]
     assert nothing_queued(slurm)
@@ -265,28 +272,10 @@ def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, l
     """An allocation of two nodes: the processes go to the nodes in turn (worker 0 to the
     second, at its NodeAddr), and the job reaches kspipe's own launcher's weights."""
     folder, slurm = two_nodes
-    run = tmp_path / "run"
-    result = subprocess.run(
-        ["salloc", "-N", "2", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
-         *overrides(tmp_path, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
-        cwd=tmp_path, env=dict(os.environ, **slurm), capture_output=True, text=True,
-        timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = final_weights(run)
-    for name, value in launched.items():
-        np.testing.assert_array_equal(got[name], value, err_msg=name)
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
-    job = yaml_of(run / "job.yaml")
+    run = allocated_job(tmp_path, tiny_data, slurm, launched, "-N", "2", "-n", "3")
     assert "launch task StepId=" in (folder / "slurmd-node2.log").read_text()
-    assert job["run_dir"] == str(run)
     assert "127.0.0.2:" in (run / "logs" / "worker.0.log").read_text()
     assert nothing_queued(slurm)
-
-
-def yaml_of(path: Path) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(path))
 
 
 @needs_slurm
