@@ -19,14 +19,17 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
-from kspipe.testing.runs import (HookRecorder, QuietReporter, compose_config,  # noqa: E402
-                                 overloaded, plugin_manager, tiny_omniglot, tiny_overrides)
+from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_JOB,  # noqa: E402
+                                 HookRecorder, QuietReporter, compose_config, ctr_overrides,
+                                 latest_weights, overloaded, plugin_manager,
+                                 scheduled_overrides, tiny_omniglot, tiny_overrides)
 from kspipe.testing.serving import (Server, a_test_task, invoke, model_server,  # noqa: E402
                                     reference_adaptation)
 from kspipe.testing.slurm import local_slurm, slurm_missing, stop_daemon  # noqa: E402
 
 __all__ = [
-    "compose_config", "tiny_omniglot", "tiny_overrides", "plugin_manager", "QuietReporter",
+    "compose_config", "tiny_omniglot", "tiny_overrides", "ctr_overrides", "CTR_LINES",
+    "CTR_MIN_AUC", "SCHEDULED_JOB", "scheduled_overrides", "latest_weights", "plugin_manager", "QuietReporter",
     "HookRecorder", "overloaded",
     "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
     "job_processes",

@@ -11,7 +11,6 @@ workloads/test_learning.py.
 """
 
 import json
-import pickle
 import sys
 from pathlib import Path
 
@@ -21,7 +20,8 @@ import pytest
 from kspipe.modes.launch import Cluster
 from kspipe.modes.plan import launch_plan
 from kspipe.pipeline import run
-from kspipe.testing import compose_config, overloaded, plugin_manager, tiny_overrides
+from kspipe.testing import (compose_config, latest_weights, overloaded, plugin_manager,
+                            tiny_overrides)
 
 JOB = Path(__file__).with_name("exchange_job.py")
 START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
@@ -138,17 +138,11 @@ def sync_common(tmp_path_factory, tiny_data):
             "eval.interval=0", "tracking.enabled=false", "model.filters=8"]
 
 
-def final_weights(run_dir: Path) -> dict:
-    (path,) = sorted((run_dir / "checkpoints").glob("checkpoint-*/state.pdparams"))[-1:]
-    with open(path, "rb") as f:
-        return pickle.load(f)
-
-
 def reptile_run(tmp_path, common, name, *overrides):
     cfg = compose_config(["+experiment=omniglot_5way", *common,
                           f"run_dir={tmp_path / name}", *overrides])
     metrics = run(cfg, plugin_manager())
-    return metrics, final_weights(tmp_path / name)
+    return metrics, latest_weights(tmp_path / name)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,11 @@
 """``kspipe +experiment=ctr_datafeed``: a click-through model trained from real MultiSlot
 files by Paddle's reader threads, in one process and on a real loopback parameter-server
-cluster, recorded in MLflow; and its bad inputs, each one clear line."""
+cluster, recorded in MLflow; its checkpoints in one process; and its bad inputs, each one
+clear line.  (Its servers' tables, checkpointed and resumed: test_ctr_tables.py.)"""
 
 import glob
 import json
-import math
-import pickle
 import os
-import re
-import shutil
 
 import numpy as np
 import pytest
@@ -16,22 +13,8 @@ import pytest
 from kspipe.ctr.evaluation import roc_auc
 from kspipe.ctr.training import auc_from_histograms
 from kspipe.datafeed import DataFeedDesc, python_batches
-from kspipe.testing import assert_one_line_error, job_processes, run_kspipe, run_statuses
-
-#: The test AUC a trained ctr model must reach: the generated set's dense features alone
-#: score about 0.65, so only learnt id embeddings get here (2,000 users and 5,000 items:
-#: with 2,500 lines a file the model learnt them too seldom and stayed near 0.70).
-MIN_AUC = 0.72
-LINES = 5000  # a file's lines; 4 training files, 1 test file
-SMALL = ["datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
-         f"datafeed.generated.lines_per_file={LINES}", "ctr.epochs=3",
-         "datafeed.print_period_s=0.2"]
-
-
-def ctr_args(tmp_path, *overrides):
-    return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
-            f"datafeed.generated.cache_dir={tmp_path / 'cache'}", *SMALL, *overrides]
-
+from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error, ctr_overrides,
+                            run_kspipe, run_statuses)
 
 def run_record(db):
     import mlflow
@@ -60,12 +43,12 @@ def exported_auc(model_dir, data_dir):
 
 @pytest.mark.parametrize("overrides", [[], ["datafeed.dataset=in_memory", "datafeed.threads=1"]])
 def test_ctr_trains_from_files_in_one_process(tmp_path, overrides):
-    result = run_kspipe(*ctr_args(tmp_path, "datafeed.fetch=[loss,tower_out.b]",
+    result = run_kspipe(*ctr_overrides(tmp_path, "datafeed.fetch=[loss,tower_out.b]",
                                   "datafeed.print_period=20", *overrides), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["test_auc"] >= MIN_AUC, metrics
-    assert metrics["test_instances"] == LINES and metrics["train_instances"] == 3 * 4 * LINES
+    assert metrics["test_auc"] >= CTR_MIN_AUC, metrics
+    assert metrics["test_instances"] == CTR_LINES and metrics["train_instances"] == 3 * 4 * CTR_LINES
     assert metrics["samples_per_s"] > 0
     assert "test_auc" in result.stdout  # the summary line
     client, run = run_record(tmp_path / "mlflow.db")
@@ -76,20 +59,20 @@ def test_ctr_trains_from_files_in_one_process(tmp_path, overrides):
     watched = client.get_metric_history(run.info.run_id, "fetch_tower_out.b")
     assert len(watched) >= 3 and len({m.value for m in watched}) > 1
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_auc")]
-    assert steps[-1] == 3 * 4 * LINES and len(steps) >= 3
+    assert steps[-1] == 3 * 4 * CTR_LINES and len(steps) >= 3
     data_dir = glob.glob(str(tmp_path / "cache" / "ctr-*"))[0]
     assert exported_auc(tmp_path / "run" / "inference_model", data_dir) == pytest.approx(
         metrics["test_auc"], abs=1e-6)
 
 
 def test_ctr_trains_on_a_parameter_server_cluster(tmp_path):
-    result = run_kspipe(*ctr_args(tmp_path, "mode=pserver", "workers=2", "cluster.timeout_s=300"),
+    result = run_kspipe(*ctr_overrides(tmp_path, "mode=pserver", "workers=2", "cluster.timeout_s=300"),
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["test_auc"] >= MIN_AUC, metrics
+    assert metrics["test_auc"] >= CTR_MIN_AUC, metrics
     # each worker trained on its half of the files
-    assert metrics["train_instances"] == 3 * 2 * LINES
+    assert metrics["train_instances"] == 3 * 2 * CTR_LINES
     assert metrics["samples_per_s"] > metrics["worker_samples_per_s"]
     client, run = run_record(tmp_path / "mlflow.db")
     assert run.info.status == "FINISHED"
@@ -276,7 +259,7 @@ def test_dense_id_slots_unused_slots_and_float_sequences(tmp_path):
 
 def test_checkpoints_each_epoch_and_resumes(tmp_path):
     first = tmp_path / "first"
-    args = [*ctr_args(tmp_path), "ctr.epochs=1"]
+    args = [*ctr_overrides(tmp_path), "ctr.epochs=1"]
     result = run_kspipe(*[a for a in args if not a.startswith("run_dir=")], f"run_dir={first}",
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -294,215 +277,6 @@ def test_checkpoints_each_epoch_and_resumes(tmp_path):
                       f"run_dir={tmp_path / 'more'}", f"resume={first}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     metrics = json.loads((tmp_path / "more" / "metrics.json").read_text())
-    assert metrics["train_instances"] == 4 * LINES and metrics["test_auc"] >= MIN_AUC
+    assert metrics["train_instances"] == 4 * CTR_LINES and metrics["test_auc"] >= CTR_MIN_AUC
     assert sorted(p.name for p in (tmp_path / "more" / "checkpoints").iterdir()) == [
         "checkpoint-0000002"]
-
-
-@pytest.fixture(scope="module")
-def on_servers(tmp_path_factory):
-    """ctr on 2 servers and 2 workers, one epoch (its checkpoint holds the servers' shards);
-    ``run(name, *overrides)`` runs more in the same folder."""
-    tmp = tmp_path_factory.mktemp("servers")
-
-    def run(name, *overrides, ok=True):
-        result = run_kspipe(*[a for a in ctr_args(tmp, *CLUSTER) if not a.startswith("run_dir=")],
-                            f"run_dir={tmp / name}", *overrides, cwd=tmp)
-        if ok:
-            assert result.returncode == 0, (name, result.stderr[-3000:])
-        return result
-
-    run("one", "ctr.epochs=1")
-    return tmp, run
-
-
-CLUSTER = ["mode=pserver", "workers=2", "servers=2", "cluster.timeout_s=300"]
-
-
-def test_a_cluster_checkpoint_holds_every_servers_shard(on_servers):
-    tmp, _ = on_servers
-    (saved,) = (tmp / "one" / "checkpoints").iterdir()
-    manifest = json.loads((saved / "tables" / "manifest.json").read_text())
-    assert manifest["servers"] == 2
-    tables = {t[0] for t in manifest["layout"]}
-    assert len(tables) >= 4  # the user, item and tag tables and the dense tower
-    for name, size in manifest["files"].items():
-        assert (saved / "tables" / name).stat().st_size == size
-    # each server wrote its own shard of a sparse table
-    shards = {name.split("/")[-1] for name in manifest["files"]}
-    assert sum(1 for n in shards if n.startswith("part-000")) >= 2, sorted(shards)
-
-
-def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers, monkeypatch):
-    tmp, run = on_servers
-    before = json.loads((tmp / "one" / "metrics.json").read_text())
-    # nothing left to train: the restored tables score as the saved ones did (Paddle's servers
-    # write their tables as text, 6 significant digits: the AUC moved by 8e-8 when seen)
-    again = run("again", "ctr.epochs=1", f"resume={tmp / 'one'}")
-    assert "resumed after epoch 1" in again.stderr
-    restored = json.loads((tmp / "again" / "metrics.json").read_text())
-    assert restored["train_instances"] == 0
-    assert restored["test_auc"] == pytest.approx(before["test_auc"], abs=1e-6)
-    assert restored["test_auc"] != 0.5  # not a fresh model's
-    # one more epoch goes on from the restored tables. Async runs are not repeatable (Hogwild
-    # threads, pulls on a timer), so a resumed run is not compared with an uninterrupted one
-    # here (seen: two epochs 0.697-0.719 uninterrupted, 0.683-0.715 resumed); one epoch alone
-    # scores 0.655-0.663, which is what a resume that lost the tables would score
-    monkeypatch.setenv("PSERVER_DEBUG", "1")
-    run("more", "ctr.epochs=2", f"resume={tmp / 'one'}")
-    more = json.loads((tmp / "more" / "metrics.json").read_text())
-    assert more["train_instances"] == 2 * LINES  # one epoch of this worker's two files
-    assert more["test_auc"] > before["test_auc"] + 0.01, (more, before)
-    # Paddle's servers save a dense table's Adam moments but not its powers: the resumed
-    # servers start them where the saved run's pushes left them (PSERVER_DEBUG prints the
-    # servers' table descriptions). A push is a batch of a reader thread (2 workers, 2
-    # threads, a file of LINES lines each, batches of 64), counted by an op that the
-    # threads may race on
-    (saved,) = (tmp / "one" / "checkpoints").iterdir()
-    pushes = json.loads((saved / "tables" / "manifest.json").read_text())["dense_pushes"]
-    assert 4 * math.ceil(LINES / 64) - 3 <= pushes <= 4 * math.ceil(LINES / 64)
-    for server in (0, 1):
-        log = (tmp / "more" / "logs" / f"server.{server}.log").read_text()
-        dense = log[log.index('table_name: "MergedDense"'):].split("}")[0]
-        starts = [float(v.split("&")[-1]) for v in re.findall(r'initializers: "([^"]+)"', dense)]
-        params = re.findall(r'params: "([^"]+)"', dense)
-        beta2_pow = starts[params.index("Beta2Pow")]
-        assert beta2_pow == pytest.approx(0.999 * 0.999 ** (10 * pushes), rel=1e-6)
-        assert starts[params.index("Beta1Pow")] < 1e-30
-
-
-def test_damaged_or_mismatched_server_tables_are_one_line(on_servers):
-    tmp, run = on_servers
-    damaged = tmp / "damaged"
-    shutil.copytree(tmp / "one", damaged)
-    (saved,) = (damaged / "checkpoints").iterdir()
-    manifest = json.loads((saved / "tables" / "manifest.json").read_text())
-    name = max(manifest["files"], key=manifest["files"].get)
-    with open(saved / "tables" / name, "r+b") as f:
-        f.truncate(manifest["files"][name] // 2)
-    result = run("from-damaged", "ctr.epochs=1", f"resume={damaged}", ok=False)
-    assert_one_line_error(result, f"{saved / 'tables' / name}: a server's table shard is damaged")
-    result = run("other-servers", "ctr.epochs=1", "servers=1", f"resume={tmp / 'one'}", ok=False)
-    assert_one_line_error(result, "the tables were saved by 2 server(s), this job has 1")
-
-
-def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
-    """init_from: the servers' shards and the workers' state of a cluster run become one
-    process's model (the same rows, the same tower), which trains on; its model goes back
-    onto a cluster of another number of servers and scores exactly as it did."""
-    from kspipe.modes.tables import read_table_rows
-
-    tmp, _ = on_servers
-
-    def local(name, *overrides):
-        result = run_kspipe(*[a for a in ctr_args(tmp) if not a.startswith("run_dir=")],
-                            f"run_dir={tmp / name}", *overrides, cwd=tmp)
-        assert result.returncode == 0, (name, result.stderr[-3000:])
-        return result, json.loads((tmp / name / "metrics.json").read_text())
-
-    (saved,) = (tmp / "one" / "checkpoints").iterdir()
-    source = json.loads((tmp / "one" / "metrics.json").read_text())
-    result, same = local("in-one-process", "ctr.epochs=0", f"init_from={tmp / 'one'}")
-    assert "starting from the model in" in result.stderr
-    model = exported_params(tmp / "in-one-process" / "inference_model")
-    tables = read_table_rows(str(saved / "tables"))
-    assert set(tables) == {"emb_user", "emb_item", "emb_tags"}
-    for name, (ids, rows) in tables.items():
-        assert len(ids) >= 100  # 300 tags, thousands of users and items
-        np.testing.assert_array_equal(model[name][ids], rows)
-    with open(saved / "state.pdparams", "rb") as f:
-        tower = pickle.load(f)
-    for name, value in tower.items():
-        np.testing.assert_array_equal(model[name], value)
-    # ids of the test file the source never trained on take each run's own first values
-    assert same["test_auc"] == pytest.approx(source["test_auc"], abs=2e-3)
-
-    _, onwards = local("onwards", "ctr.epochs=1", f"init_from={tmp / 'one'}")
-    assert onwards["train_instances"] == 4 * LINES
-    assert (tmp / "onwards" / "checkpoints" / "checkpoint-0000001").is_dir()
-    back = run_kspipe(*[a for a in ctr_args(tmp, *CLUSTER) if not a.startswith("run_dir=")],
-                      "servers=1", "ctr.epochs=0", f"init_from={tmp / 'onwards'}",
-                      f"run_dir={tmp / 'back'}", cwd=tmp)
-    assert back.returncode == 0, back.stderr[-3000:]
-    assert not (tmp / "back" / "init_from").exists()  # the rows' files, once the servers read them
-    # every row of the one-process table went onto the servers: the same scores
-    back = json.loads((tmp / "back" / "metrics.json").read_text())
-    assert back["test_auc"] == pytest.approx(onwards["test_auc"], abs=1e-6)
-
-
-def exported_params(model_dir) -> dict:
-    """Every persistable of an exported inference model, by name."""
-    import paddle
-
-    paddle.enable_static()
-    exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
-    with paddle.static.scope_guard(scope):
-        program, _, _ = paddle.static.load_inference_model(f"{model_dir}/model", exe)
-    return {v.name: np.array(scope.find_var(v.name).get_tensor()) for v in program.list_vars()
-            if v.persistable and scope.find_var(v.name) is not None
-            and v.name not in ("feed", "fetch")}
-
-
-def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path):
-    """kill -9 of a server while the servers write their shards: the job fails in one line,
-    no process is left, and resume= continues from the last complete checkpoint."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    run_dir = tmp_path / "run"
-    args = [*ctr_args(tmp_path, *CLUSTER), "ctr.epochs=8"]
-    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    checkpoints, killed = run_dir / "checkpoints", None
-    try:
-        deadline = time.monotonic() + 240
-        while killed is None and time.monotonic() < deadline and job.poll() is None:
-            writing = [p for p in checkpoints.glob("checkpoint-*.tmp")
-                       if p.name > "checkpoint-0000002.tmp"] if checkpoints.is_dir() else []
-            if writing:  # a checkpoint after the second is being written: kill a server
-                killed = writing[0].name
-                os.kill(server_pid(run_dir), signal.SIGKILL)
-            time.sleep(0.001)
-        assert killed, "no checkpoint was seen being written"
-        _, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert job.returncode != 0
-    assert stderr.strip().splitlines()[-1].startswith("kspipe: error:"), stderr[-2000:]
-    assert not job_processes(run_dir)
-    complete = sorted(p.name for p in checkpoints.iterdir() if not p.name.endswith(".tmp"))
-    assert complete and complete[-1] < killed.removesuffix(".tmp"), (complete, killed)
-    epoch = int(complete[-1].split("-")[1])
-    again = run_kspipe(*[a for a in args if not a.startswith("run_dir=")],
-                       f"run_dir={tmp_path / 'again'}", f"resume={run_dir}", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed after epoch {epoch}" in again.stderr
-    metrics = json.loads((tmp_path / "again" / "metrics.json").read_text())
-    assert metrics["train_instances"] == (8 - epoch) * 2 * LINES  # this worker's 2 files
-    assert metrics["test_auc"] >= MIN_AUC - 0.05
-
-
-def server_pid(run_dir) -> int:
-    for pid in job_processes(run_dir):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if b"TRAINING_ROLE=PSERVER" in f.read().split(b"\0"):
-                    return int(pid)
-        except OSError:
-            continue
-    raise AssertionError("no server process found")
-
-
-def test_a_cluster_started_from_another_model_is_one_line(on_servers):
-    tmp, run = on_servers
-    result = run("other-shape", "ctr.epochs=1", "ctr.embedding_dim=4",
-                 f"init_from={tmp / 'one'}", ok=False)
-    assert_one_line_error(result, f"init_from={tmp / 'one'}: ", "was saved by another model")
-    assert not job_processes(tmp / "other-shape")
-    import sqlite3
-
-    with sqlite3.connect(tmp / "mlflow.db") as con:
-        assert not con.execute("select 1 from runs where status = 'RUNNING'").fetchall()
