@@ -18,6 +18,8 @@ from __future__ import annotations
 import signal
 from contextlib import contextmanager
 
+#: A signal is the whole process's, and so is its handler: the request it records and
+#: whether a loop defers it are process state, kept here (the one place).
 _requested: int | None = None
 _deferring = 0
 

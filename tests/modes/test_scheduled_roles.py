@@ -66,20 +66,28 @@ def test_pods_started_apart_with_a_paddlejobs_environment_are_one_job(
     assert f"(run folder {folder})" in outputs[1]
 
 
-def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, launched):
-    """``python -m paddle.distributed.launch`` with kspipe as its program (it exits 0 even
-    when a worker fails, so the run and the weights are what is checked)."""
+@pytest.mark.parametrize("form", ["pserver", "collective"])
+def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, form, request):
+    """``python -m paddle.distributed.launch`` with kspipe as its program, in its
+    parameter-server and collective forms (it exits 0 even when a worker fails, so the run
+    and the weights are what is checked)."""
     kspipe = shutil.which("kspipe")
     assert kspipe, "the kspipe command is installed with the package"
     (gloo,) = free_ports(1)
+    if form == "pserver":
+        expected, job = request.getfixturevalue("launched"), []
+        paddle = ["--server_num=1", "--trainer_num=2", f"--gloo_port={gloo}"]
+    else:
+        expected, job = request.getfixturevalue("launched_collective"), COLLECTIVE
+        paddle = ["--nproc_per_node=2"]
     result = subprocess.run(
-        [sys.executable, "-m", "paddle.distributed.launch", "--server_num=1",
-         "--trainer_num=2", f"--gloo_port={gloo}", f"--log_dir={tmp_path / 'paddle-logs'}",
-         kspipe, *scheduled_overrides(tmp_path, tiny_data)],
+        [sys.executable, "-m", "paddle.distributed.launch", *paddle,
+         f"--log_dir={tmp_path / 'paddle-logs'}", kspipe,
+         *scheduled_overrides(tmp_path, tiny_data), *job],
         cwd=tmp_path, env=dict(os.environ, **THREADS), capture_output=True, text=True,
         timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    check_one_job(tmp_path, launched)
+    check_one_job(tmp_path, expected)
 
 
 COLLECTIVE = ["mode=collective", "workers=2"]
