@@ -119,7 +119,8 @@ def run_stages(cfg, stages: Stages, role, reporter) -> dict:
             model_dir = os.path.join(reporter.run_dir, "inference_model")
             stages.call("save", cfg=cfg, role=role, programs=programs, executor=executor,
                         scope=scope, dirname=model_dir)
-            reporter.artifact(model_dir, "inference_model")
+            if os.path.isdir(model_dir):  # a workload may export no inference model
+                reporter.artifact(model_dir, "inference_model")
             with open(os.path.join(reporter.run_dir, "metrics.json"), "w") as f:
                 json.dump(metrics, f, indent=1)
     except BaseException:

@@ -165,6 +165,14 @@ class CollectiveRole(Role):
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         return GradientAllReduce(self, optimizer)
 
+    def embedding(self, ids, size, param_attr, feeding: str = "executor"):
+        """A table in every worker, with a dense gradient: the all-reduce sums whole tensors,
+        and a sparse gradient (its rows only) is not one."""
+        import paddle
+
+        return paddle.static.nn.embedding(ids, size=size, is_sparse=False,
+                                          param_attr=param_attr)
+
     def parameter_sync(self, shapes: dict) -> ParameterSync:
         return self._register(ParameterAverage(self, shapes))
 

@@ -5,7 +5,9 @@ tests (tests/plugins/bags: bag-of-ids regression through ``role.embedding`` and
 * ``cluster.strategy=sync`` ends with the parameters one process trains on the whole
   batches (float rounding apart), for ids of shape [-1, k], [-1, 1] and LoD sequences;
 * two identical sync runs end with identical parameters, bit for bit;
-* async and geo train the same model to the local run's R2 (within 0.02).
+* async and geo train the same model to the local run's R2 (within 0.02);
+* a collective job trains the local model too (the table's gradient dense, all-reduced);
+* a cluster run of a workload that exports no inference model is recorded FINISHED.
 """
 
 import json
@@ -52,11 +54,31 @@ def train(plugin_env, tmp_path_factory):
 PSERVER = ["mode=pserver", "workers=2", "servers=2"]
 
 
+def test_a_cluster_run_of_a_workload_that_exports_no_model_is_recorded(train, tmp_path):
+    """bags' save stage writes nothing (its parameters are in params.npz): the run is
+    recorded, FINISHED, with the tracking that the other tests here turn off."""
+    store = tmp_path / "mlflow.db"
+    train("tracked", "tracking.enabled=true", f"tracking.uri=sqlite:///{store}", *PSERVER,
+          "cluster.strategy=sync")
+    assert testing.run_statuses(store) == ["FINISHED"]
+    assert not (train.folders["tracked"] / "inference_model").exists()
+
+
 @pytest.mark.parametrize("ids", ["fixed", "single", "sequence"])
 def test_sync_trains_the_local_model(train, ids):
     local, local_params = train(f"local-{ids}", f"bags.ids={ids}")
     cluster, params = train(f"sync-{ids}", f"bags.ids={ids}", *PSERVER, "cluster.strategy=sync")
     assert local["test_r2"] > 0.5  # it learns: an untrained model scores ~0
+    for name, value in local_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=2e-5, err_msg=name)
+    assert abs(cluster["test_r2"] - local["test_r2"]) < 1e-4
+
+
+def test_collective_trains_the_local_model(train):
+    """A collective job's all-reduce of the table's (dense) gradient: the parameters one
+    process trains on the whole batches, float rounding apart."""
+    local, local_params = train("local-fixed", "bags.ids=fixed")
+    cluster, params = train("collective-fixed", "bags.ids=fixed", "mode=collective", "workers=2")
     for name, value in local_params.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=2e-5, err_msg=name)
     assert abs(cluster["test_r2"] - local["test_r2"]) < 1e-4
