@@ -195,9 +195,9 @@ def _signal_group(popen, sig) -> None:
         pass
 
 
-# What of the first worker's output the console shows: kspipe's own lines, not Paddle's.
-#: What the first worker's output shows on the launcher's terminal: its messages and
-#: progress lines, but not its error line, which the launcher's own error repeats.
+#: What of the first worker's output the launcher's terminal shows (kspipe's launcher and
+#: Paddle's, kspipe/modes/fleetrun.py): its messages and progress lines, not Paddle's, and
+#: not its error line, which the launcher's own error repeats.
 ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
 
 
