@@ -257,8 +257,8 @@ class Jobs:
         from hydra.types import RunMode
 
         from kspipe.observers.sweep import JobFailed, job_label
-        from kspipe.pipeline import check, run
-        from kspipe.plugin_manager import describe_workload, get_plugin_manager, process_launcher
+        from kspipe.pipeline import check, prepare, run
+        from kspipe.plugin_manager import get_plugin_manager, process_launcher
 
         if self.pm is None:
             stopping.install()
@@ -280,7 +280,8 @@ class Jobs:
                 print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
                       flush=True)
                 return worst_value(hydra_cfg)
-            metrics = run(cfg, self.pm)
+            workload = prepare(cfg, self.pm)  # described once: the run and its closing line
+            metrics = run(cfg, self.pm, workload)
         except KspipeError as err:
             if sweep:  # report, and let the other jobs run
                 job = job or str(hydra_cfg.job.num)
@@ -291,7 +292,6 @@ class Jobs:
             print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
                         f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
             sys.exit(getattr(stop, "exit_code", 130))
-        workload = describe_workload(self.pm, cfg) if metrics else None
         print_summary(cfg, metrics, workload)
         value = metrics.get(workload.headline) if metrics else None
         return worst_value(hydra_cfg) if value is None else float(value)

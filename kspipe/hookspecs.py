@@ -70,7 +70,9 @@ def kspipe_process_launchers() -> list[ProcessLauncher]:
 def kspipe_describe_workload(cfg: Config) -> Workload:
     """Say what the workload is, which metrics tell of it, and what it needs of a mode.
 
-    Stops at the first non-None result; asked of the plugin ``cfg.stages.program`` names.
+    Stops at the first non-None result; asked of the plugin ``cfg.stages.program`` names,
+    once per run, before anything starts (:func:`kspipe.pipeline.check`); the answer goes
+    to ``kspipe_run_start`` and to the command's closing line.
 
     :param cfg: the composed config.
     :return: a :class:`kspipe.contracts.Workload`.

@@ -27,19 +27,18 @@ from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_pl
 from kspipe.reporting import Reporter, say
 
 
-def run(cfg, pm=None) -> dict:
+def run(cfg, pm=None, workload=None) -> dict:
     """Run the job ``cfg`` describes; return its final metrics.
+
+    :param workload: what :func:`prepare` returned for ``cfg``, when the caller prepared
+        the run itself (the ``kspipe`` command does: its closing line shows the workload's
+        metrics); else ``run`` prepares it.  Either way the workload is described once.
 
     Raises :class:`kspipe.errors.KspipeError` for a problem the user can fix.
     """
     pm = pm or get_plugin_manager()
-    requeued = requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir or default_run_dir()))
-    if requeued:
-        with open_dict(cfg):
-            cfg.resume, cfg.init_from = requeued, None
-        say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
-            f"resumes from its latest checkpoint in {requeued}")
-    workload = check(cfg, pm)
+    if workload is None:
+        workload = prepare(cfg, pm)
     stages = Stages(pm, cfg)
 
     run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
@@ -61,6 +60,18 @@ def run(cfg, pm=None) -> dict:
         raise
     pm.hook.kspipe_run_end(cfg=cfg, metrics=metrics, run_dir=run_dir)
     return metrics
+
+
+def prepare(cfg, pm):
+    """Before anything starts: a job Slurm requeued resumes from its own latest checkpoint
+    (``cfg`` says so from here on), then :func:`check`; the workload it runs."""
+    requeued = requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir or default_run_dir()))
+    if requeued:
+        with open_dict(cfg):
+            cfg.resume, cfg.init_from = requeued, None
+        say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
+            f"resumes from its latest checkpoint in {requeued}")
+    return check(cfg, pm)
 
 
 def check(cfg, pm):

@@ -79,3 +79,21 @@ def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
 
     task = cloudpickle.loads(cloudpickle.dumps(Jobs(object(), ["workers"]).run))
     assert task.__self__.pm is None and task.__self__.swept == ["workers"]
+
+
+def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, capsys):
+    """The run and the command's closing line share one description of the workload."""
+    from kspipe.cli import Jobs, run_hydra
+    from kspipe.plugin_manager import get_plugin_manager
+    from kspipe.schema import register_schemas
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    called = []
+    pm.add_hookcall_monitoring(lambda name, impls, kwargs: called.append(name),
+                               lambda outcome, name, impls, kwargs: None)
+    register_schemas(None)
+    monkeypatch.setattr(sys, "argv", ["kspipe"])
+    run_hydra(Jobs(pm, []).run, ["+experiment=omniglot_5way",
+                                 *tiny_overrides(tmp_path, tiny_data), "tracking.enabled=false"])
+    assert called.count("kspipe_describe_workload") == 1
+    assert "kspipe: done: test_accuracy " in capsys.readouterr().out
