@@ -1,4 +1,6 @@
-"""The Open_KS readers, the task sampler and the prefetcher, on real image files."""
+"""The Open_KS readers, the task sampler and the prefetcher, on real image files.
+Checked through the public names only: what a class's ``sample`` gives is what its reading
+of an image (decoding, rotation, the shared cache) did."""
 
 import numpy as np
 import pytest
@@ -34,10 +36,11 @@ def test_read_dataset_split_layout(imagenet_like):
     assert 0.0 <= images.min() and images.max() <= 1.0
 
 
-def test_read_classes_skips_folders_without_images(imagenet_like):
+def test_read_dataset_skips_folders_without_images(imagenet_like):
     (imagenet_like / "train" / "empty").mkdir()
-    classes = Open_KS_read()._read_classes(str(imagenet_like / "train"))
-    assert [c.dir_path.rsplit("/", 1)[1] for c in classes] == [f"n0train{i}" for i in range(4)]
+    (imagenet_like / "train" / "notes.txt").write_text("not a class")
+    train, _, _ = Open_KS_read().read_dataset(str(imagenet_like))
+    assert [c.dir_path.rsplit("/", 1)[1] for c in train] == [f"n0train{i}" for i in range(4)]
 
 
 def test_omniglot_layout_split_and_rotations(tmp_path):
@@ -59,30 +62,30 @@ def test_rotation_rotates_the_image(tmp_path):
     array = np.zeros((28, 28), np.uint8)
     array[:, :5] = 255  # a bar on the left
     Image.fromarray(array).save(folder / "a.png")
-    plain = Open_KS_Character(str(folder))._read_image("a.png")[..., 0]
-    turned = Open_KS_Character(str(folder), rotation=180)._read_image("a.png")[..., 0]
-    assert plain[:, :5].mean() == 255 and turned[:, -5:].mean() == 255
+    plain = Open_KS_Character(str(folder)).sample(1)[0, ..., 0]
+    turned = Open_KS_Character(str(folder), rotation=180).sample(1)[0, ..., 0]
+    assert plain[:, :5].mean() == 1.0 and turned[:, -5:].mean() == 1.0
 
 
 @pytest.mark.parametrize("rotation", [90, 180, 270, 45])
 def test_rotations_are_pils_from_one_cached_decode(tmp_path, rotation):
     write_images(tmp_path / "c", 1, 28, "L")
     cache = {}
-    upright = Open_KS_Character(str(tmp_path / "c"), cache=cache)._read_image("img0.png")
-    turned = Open_KS_Character(str(tmp_path / "c"), rotation=rotation,
-                               cache=cache)._read_image("img0.png")
+    upright = Open_KS_Character(str(tmp_path / "c"), cache=cache).sample(1)
+    turned = Open_KS_Character(str(tmp_path / "c"), rotation=rotation, cache=cache).sample(1)
     with Image.open(tmp_path / "c" / "img0.png") as im:
         expected = np.asarray(im.convert("L").rotate(rotation))
-    np.testing.assert_array_equal(turned[..., 0], expected)
+    np.testing.assert_array_equal(turned[0, ..., 0], expected.astype(np.float32) / 255.0)
     assert len(cache) == 1 and not np.array_equal(turned, upright)
 
 
-def test_read_image_caches_decoded_images(tmp_path):
+def test_sampling_caches_decoded_images(tmp_path):
     write_images(tmp_path / "c", 2, 28, "L")
     character = Open_KS_Character(str(tmp_path / "c"))
-    first = character._read_image("img0.png")
-    (tmp_path / "c" / "img0.png").unlink()  # a cached image is not read again
-    assert character._read_image("img0.png") is first
+    first = character.sample(2, np.random.default_rng(0))
+    for image in (tmp_path / "c").iterdir():
+        image.unlink()  # a cached image is not read again
+    np.testing.assert_array_equal(character.sample(2, np.random.default_rng(0)), first)
 
 
 def test_sample_task_shapes_and_labels(tmp_path):
@@ -146,7 +149,7 @@ def test_prefetcher_keeps_order_and_raises_errors():
     assert seen == [(i, i * i) for i in range(5)]
 
 
-def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path):
+def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path, monkeypatch):
     from kspipe.fewshot.data import decoded_mib, preload_images
 
     for c in range(3):
@@ -154,9 +157,19 @@ def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path):
     train, _, test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     assert len(train) == 8 and len(test) == 1  # two characters, four rotations each
     assert decoded_mib(train, test) == pytest.approx(3 * 4 * 28 * 28 / 2**20)
+    opened, open_image = [], Image.open
+
+    def counted_open(path, *args):
+        opened.append(path)
+        return open_image(path, *args)
+
+    monkeypatch.setattr(Image, "open", counted_open)
     assert preload_images(train, test) == 12
-    cache = train[0]._cache
-    assert len(cache) == 12  # each file once: the rotations share their decoded images
+    assert len(opened) == len(set(opened)) == 12  # each file once
+    opened.clear()
+    for character in train + test:  # every rotation samples from what was decoded
+        character.sample(4)
+    assert opened == []
     (tmp_path / "images_background" / "alpha" / "character0" / "img0.png").write_bytes(b"\x89PNG broken")
     fresh, _, more = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     with pytest.raises(DataError, match="cannot read image .*img0.png"):
