@@ -155,9 +155,6 @@ class CollectiveRole(Role):
 
             gloo_barrier()
 
-    def barrier_all(self) -> None:
-        self.barrier_worker()
-
     # distribution
     def refuses(self, needs, cfg) -> str | None:
         return refusal(needs)

@@ -179,7 +179,10 @@ class StrategyExchange(ParameterSync):
 
     def refresh(self, scope) -> None:
         """Take the servers' parameters mid-training (async; sync and geo hold the last
-        round's already, and geo's steps since then stay local)."""
+        round's already, and geo's steps since then stay local).  No workload of kspipe's
+        needs it (their checkpoints :meth:`settle`, with every worker); an OpenKS script's
+        first worker does, alone, before it saves
+        (:class:`kspipe.openks.GeneralDistributedOptimizer`)."""
         if self.exchange.runtime is not None and self.strategy == "async":
             self.exchange.flush()
             write_vars(scope, self.exchange.pull())

@@ -119,9 +119,6 @@ class PserverRole(Role):
     def barrier_worker(self) -> None:
         self.fleet.util.barrier("worker")
 
-    def barrier_all(self) -> None:
-        self.fleet.util.barrier("worker")  # servers sit in run_server: workers are "all"
-
     # distribution
     def refuses(self, needs, cfg) -> str | None:
         return refusal(self.cluster["strategy"], needs)

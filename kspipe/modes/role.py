@@ -4,7 +4,9 @@ A :class:`Role` is what a mode gives every workload (the role stage's result).  
 seed's RoleMaker (``is_worker``, ``worker_index``, ``split_files`` ...) and its
 distributed algorithm (``distributed_optimizer``, ``init_worker``, ``stop_worker``,
 ``run_server``) in one object, so a workload asks its mode for what it needs and never
-imports a mode's module:
+imports a mode's module.  What only the seed's scripts use (``to_string``,
+``barrier_all``, the parameters refreshed before a save) is in the OpenKS layer,
+:mod:`kspipe.openks`.
 
 * ``role.distributed_optimizer(optimizer)``: gradient-level data parallelism for any
   program with an optimiser; its ``minimize(loss)`` writes the mode's exchange into the
@@ -67,13 +69,6 @@ class Role:
     def get_pserver_endpoints(self) -> list[str]:
         return []
 
-    def to_string(self) -> str:
-        kind = "server" if self.is_server() else "worker"
-        index = self.server_index() if self.is_server() else self.worker_index()
-        return (f"role={kind} index={index} worker_num={self.worker_num()} "
-                f"trainer_endpoints={self.get_trainer_endpoints()} "
-                f"pserver_endpoints={self.get_pserver_endpoints()}")
-
     def place(self):
         """The Paddle place this role computes on."""
         import paddle
@@ -98,9 +93,6 @@ class Role:
         np.copyto(np.asarray(output), np.asarray(input))
 
     def barrier_worker(self) -> None:
-        pass
-
-    def barrier_all(self) -> None:
         pass
 
     # --- distribution ------------------------------------------------------------------
@@ -140,11 +132,6 @@ class Role:
         all of them trained."""
         for sync in self._syncs:
             sync.finish(_scope(scope))
-
-    def refresh_parameters(self, scope=None) -> None:
-        """Take the job's current parameters into ``scope`` mid-training (to save them)."""
-        for sync in self._syncs:
-            sync.refresh(_scope(scope))
 
     # --- tables kept outside the workers (the parameter servers') --------------------
 
@@ -215,9 +202,6 @@ class ParameterSync:
         pass
 
     def finish(self, scope) -> None:
-        pass
-
-    def refresh(self, scope) -> None:
         pass
 
     def settle(self) -> None:

@@ -25,7 +25,20 @@ from kspipe.openks.optimizers import (AsyncStrategy, CollectiveStrategy,
 
 
 class RoleMakerBase(Role):
-    """The seed's base role maker: a one-process job, as :class:`kspipe.modes.role.Role`."""
+    """The seed's base role maker: a one-process job, as :class:`kspipe.modes.role.Role`,
+    with the seed's own additions, which no kspipe workload uses."""
+
+    def to_string(self) -> str:
+        kind = "server" if self.is_server() else "worker"
+        index = self.server_index() if self.is_server() else self.worker_index()
+        return (f"role={kind} index={index} worker_num={self.worker_num()} "
+                f"trainer_endpoints={self.get_trainer_endpoints()} "
+                f"pserver_endpoints={self.get_pserver_endpoints()}")
+
+    def barrier_all(self) -> None:
+        """Wait for every process of the job that can wait: the workers (a server sits in
+        ``run_server`` until the job ends)."""
+        self.barrier_worker()
 
 
 class PaddleCloudRoleMaker(RoleMakerBase):
@@ -61,6 +74,8 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         return object.__getattribute__(self, name)
 
 
+#: What a :class:`PaddleCloudRoleMaker` asks of the mode's role it made; the seed's own
+#: additions (:class:`RoleMakerBase`) it answers itself, from those.
 _ROLE_METHODS = {n for n in dir(Role) if not n.startswith("_")} - {"is_launcher", "mode"}
 
 
@@ -142,11 +157,19 @@ class BaseDistributedAlgorithm:
         role.finish_training()
         role.stop_worker()
 
+    def _refresh_parameters(self) -> None:
+        """Before a save mid-training: the global scope takes the job's current parameters,
+        so what this worker saves is the job's model (its optimiser's exchange says which)."""
+        import paddle
+
+        if self._optimizer is not None:
+            self._optimizer.refresh_parameters(paddle.static.global_scope())
+
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars,
                              main_program=None, export_for_deployment=True):
         import paddle
 
-        self._mode_role().refresh_parameters()
+        self._refresh_parameters()
         program = main_program or paddle.static.default_main_program()
         names = [feeded_var_names] if isinstance(feeded_var_names, str) else feeded_var_names
         feeds = [program.global_block().var(n) if isinstance(n, str) else n for n in names]
@@ -158,7 +181,7 @@ class BaseDistributedAlgorithm:
     def save_persistables(self, executor, dirname, main_program=None):
         import paddle
 
-        self._mode_role().refresh_parameters()
+        self._refresh_parameters()
         os.makedirs(dirname, exist_ok=True)
         paddle.static.save(main_program or paddle.static.default_main_program(),
                            os.path.join(dirname, PERSISTABLES))

@@ -85,6 +85,10 @@ class BaseDistributedOptimizer:
         optimize_ops = self.apply_gradients(params_grads)
         return optimize_ops, params_grads
 
+    def refresh_parameters(self, scope) -> None:
+        """Take the job's current parameters into ``scope`` mid-training (before a save).
+        Here (collective, or one process): nothing to take, the worker's scope holds them."""
+
 
 class GeneralDistributedOptimizer(BaseDistributedOptimizer):
     """Parameter-server training of a script's program (sync, async or geo).
@@ -106,6 +110,13 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
         self._distributed = role.distributed_optimizer(
             self._inner, {"strategy": self.mode, "k_steps": getattr(self._strategy, "k_steps", 1)})
         return self._distributed.apply_gradients(params_grads)
+
+    def refresh_parameters(self, scope) -> None:
+        """Take the servers' parameters into ``scope`` (async: a worker's own hold only its
+        pushes; sync and geo: the last round's already)."""
+        exchange = getattr(self._distributed, "sync", None)  # none in a one-process job
+        if exchange is not None:
+            exchange.refresh(scope)
 
 
 class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):

@@ -269,7 +269,11 @@ def test_every_documented_name_exists_with_its_signature():
 
 def test_one_process_role_and_split_files():
     algorithm = openks.KSDistributedFactory.instantiation(0)
-    algorithm.init(openks.PaddleCloudRoleMaker())
+    role = openks.PaddleCloudRoleMaker()
+    algorithm.init(role)
+    assert role.to_string() == ("role=worker index=0 worker_num=1 trainer_endpoints=[] "
+                                "pserver_endpoints=[]")
+    role.barrier_all()  # alone: returns at once
     assert algorithm.is_first_worker() and algorithm.is_worker() and not algorithm.is_server()
     assert algorithm.worker_num() == 1 and algorithm.worker_endpoints(to_string=True) == ""
     assert algorithm.split_files(["a", "b", "c"]) == ["a", "b", "c"]
