@@ -25,7 +25,7 @@ def kspipe_read_dataset(cfg, role):
     if role.is_server():  # a parameter server needs the image shape, not the images
         return FewShotDataset(name=data.name, train=[], val=[], test=[],
                               image_shape=(size, size, channels))
-    root = data.root
+    root, store = data.root, None
     if root is None:
         if data.name != "omniglot":
             raise ConfigError(f"dataset.name={data.name} has no embedded data set: "
@@ -35,6 +35,7 @@ def kspipe_read_dataset(cfg, role):
             characters=embedded.characters, drawers=embedded.drawers, size=size,
             seed=embedded.seed, cache_dir=embedded.cache_dir,
             progress=_build_progress, say=_say))
+        store = os.path.join(root, f"decoded-{size}px")  # kspipe's own folder: kept there
     root = user_path(root)
     if os.path.isdir(os.path.join(root, "train")):
         kind = Open_KS_Character if data.name == "omniglot" else Open_KS_ImageNet
@@ -49,7 +50,7 @@ def kspipe_read_dataset(cfg, role):
         raise DataError(f"data folder {root} has no 'train' folder "
                         f"(expected train/, val/, test/ of class folders)")
     if decoded_mib(train, val, test) <= data.preload_mib:
-        preload_images(train, val, test)  # each image decoded once: verified too
+        preload_images(train, val, test, store=store)  # each image decoded once: verified too
     elif data.verify:
         verify_images(train, val, test)
     return FewShotDataset(name=data.name, train=train, val=val, test=test,

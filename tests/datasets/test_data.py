@@ -174,3 +174,34 @@ def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path, monkeyp
     fresh, _, more = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     with pytest.raises(DataError, match="cannot read image .*img0.png"):
         preload_images(fresh, more)
+
+
+def test_a_store_keeps_the_decoded_images_for_the_next_run(tmp_path, monkeypatch):
+    """The next read of the same files decodes nothing and samples the same arrays; other
+    files (one renamed) are decoded again, never served from the store."""
+    from kspipe.fewshot.data import preload_images
+
+    for c in range(3):
+        write_images(tmp_path / "images_background" / "alpha" / f"character{c}", 4, 28, "L", seed=c)
+    store = str(tmp_path / "decoded-28px")
+    first, _, first_test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
+    assert preload_images(first, first_test, store=store) == 12
+    assert len(list(tmp_path.glob("decoded-28px-*.npy"))) == 1
+    opened, open_image = [], Image.open
+
+    def counted_open(path, *args):
+        opened.append(path)
+        return open_image(path, *args)
+
+    monkeypatch.setattr(Image, "open", counted_open)
+    again, _, again_test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
+    assert preload_images(again, again_test, store=store) == 12
+    for a, b in zip(first + first_test, again + again_test):
+        np.testing.assert_array_equal(a.sample(4, np.random.default_rng(1)),
+                                      b.sample(4, np.random.default_rng(1)))
+    assert opened == []
+    folder = tmp_path / "images_background" / "alpha" / "character1"
+    (folder / "img0.png").rename(folder / "img9.png")
+    renamed, _, renamed_test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
+    assert preload_images(renamed, renamed_test, store=store) == 12
+    assert len(opened) == 12
