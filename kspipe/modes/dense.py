@@ -185,11 +185,6 @@ class ParameterExchange:
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
         self.hold(values)
-        self.send()
-
-    def send(self) -> None:
-        """Set the servers' parameters to the ones held (:meth:`hold`); return once every
-        server holds them."""
         for table_id, names in self.tables.items():
             self.runtime._worker.push_dense_params(self.scope, table_id, names)
 

@@ -15,28 +15,24 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
   1 to.  So a pull tells a worker how many of its own pushes the values hold.
 * :class:`StrategyExchange` is the strategies over it.  After each local update:
 
-  - ``async``: the worker pushes the change of its step and pulls the servers'
-    parameters back, on a thread of its own, while it computes its next step; it goes on
-    from the pulled values plus that next step's change.  Workers never wait for each
-    other.  A pull holds all the worker's own pushes but at most the last two, and it
-    pulls again until it does (``cluster.wait_push=true``: all of them,
-    ``client_flush``, >= 100 ms a step), so the values a step starts from hold every
-    change the worker made but at most the two before.  Paddle's client queues up to 14
-    pushes, and on a loaded host a worker that stepped from values missing its last
-    dozen pushes overshot by as many steps (a test R2 of 0.59 where 0.95 is usual);
+  - ``async``: the worker pushes the change it made since it last took the servers'
+    parameters and pulls them back.  Workers never wait for each other; a worker's pull
+    holds all its own pushes but at most the last two, and it pulls again until it does
+    (``cluster.wait_push=true``: all of them, ``client_flush``, >= 100 ms a step).
+    Paddle's client queues up to 14 pushes, and on a loaded host a worker that stepped
+    from values missing its last dozen pushes overshot by as many steps (a test R2 of
+    0.59 where 0.95 is usual);
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
-    ``theta - sum / workers``, and the first worker writes it to the servers on its
-    exchange thread while the next step computes; the servers confirm it before the
-    next round's write, and before anyone reads them.
+    ``theta - sum / workers``, and the first worker writes it to the servers, which
+    confirm it, before the next round.
     Nothing is lost and the same run gives the same parameters, bit for bit;
   - ``geo``: updates stay local; every ``k_steps`` updates, and at every checkpoint, a
     sync round (geo-SGD with rounds that every worker joins: LocalSGD over the servers).
 
 Paddle's brpc client holds dense pushes back for merging (up to 12, or until a
 ``client_flush``, which polls every 100 ms); kspipe's client flags make it send each push
-at once, so an async step costs a push and a pull (~1 ms on loopback, hidden behind the
-next step's computation), not a flush.
+at once, so an async step costs a push and a pull (~2 ms on loopback), not a flush.
 
 A workload reaches this through its role (``parameter_sync``, ``distributed_optimizer``),
 never by importing it.
@@ -46,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -74,35 +69,6 @@ def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> 
 PUSH_TIMEOUT_S = 120.0
 
 
-class Background:
-    """A worker's exchange thread: one task at a time (each waits for the one before),
-    run while the worker's main thread computes; what the task returns, or raises, is
-    taken by :meth:`wait`."""
-
-    def __init__(self):
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="kspipe-exchange")
-        self.pending = None
-
-    def start(self, task, *args) -> None:
-        """Run ``task(*args)`` on the thread (after the task before it, whose result
-        is dropped: call :meth:`wait` first to take it)."""
-        self.pending = self.pool.submit(task, *args)
-
-    def wait(self):
-        """The last task's result (``None`` if there was none); raises what it raised."""
-        pending, self.pending = self.pending, None
-        return None if pending is None else pending.result()
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Let the task under way end (within ``timeout_s``; its result or error is
-        dropped), then let the thread go."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            with contextlib.suppress(Exception):
-                pending.result(timeout=timeout_s)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
 class StrategyExchange(ParameterSync):
     """A worker's side of the strategy over a :class:`ParameterExchange`."""
 
@@ -121,9 +87,6 @@ class StrategyExchange(ParameterSync):
         self.summing = None  # sync and geo: the workers' changes summed (WorkerSum)
         self.steps = 0  # updates since the last exchange
         self.pushed = 0  # async: this worker's pushes so far
-        self.base: dict = {}  # async: the values the worker's current step began from
-        self.background = Background()  # async's push and pull, the first worker's writes
-        self.closed = False  # the worker is leaving: a pull on the thread stops waiting
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -137,7 +100,7 @@ class StrategyExchange(ParameterSync):
     def connect(self, scope) -> None:
         """Worker 0's parameters become the servers'; every worker takes them."""
         self.scope = scope
-        self._take(scope, self.exchange.connect(read_vars(scope, self.names)))
+        write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
         if self.strategy != "async":
             self.summing = WorkerSum(self.role)
 
@@ -154,47 +117,30 @@ class StrategyExchange(ParameterSync):
             self._round(scope, current)
 
     def _push_pull(self, scope, current: dict) -> None:
-        """Push this step's change and pull, on the exchange thread; go on from what the
-        last push's pull brought, plus this step's change (not in it yet)."""
-        change = {n: self.base[n] - current[n] for n in self.names}
-        with self.timed("wait"):
-            pulled = self.background.wait()
-        if pulled is not None:
-            current = {n: pulled[n] - change[n] for n in self.names}
-            write_vars(scope, current)
-        self.base = current
-        self.background.start(self._send, change, self.pushed)
-        self.pushed += 1
+        last = self.exchange.get()
+        with self.timed("push"):
+            self.exchange.push({n: last[n] - current[n] for n in self.names},
+                               self.role.worker_index(), self.pushed, wait=self.wait_push)
+            self.pushed += 1
+        with self.timed("pull"):
+            write_vars(scope, self._pull_bounded())
         self.steps = 0
 
-    def _send(self, change: dict, pushed: int) -> dict:
-        """On the exchange thread: push ``change`` as push number ``pushed + 1``; return
-        the servers' parameters, pulled as :meth:`_pull_bounded` does."""
-        with self.timed("push"):
-            self.exchange.push(change, self.role.worker_index(), pushed, wait=self.wait_push)
-        with self.timed("pull"):
-            return self._pull_bounded(pushed + 1)
-
-    def _pull_bounded(self, pushed: int) -> dict:
+    def _pull_bounded(self) -> dict:
         """The servers' parameters, pulled until every part of every server had begun to
-        apply this worker's push ``pushed - 1``: every value holds all its pushes but at
+        apply this worker's last push but one: every value holds all its pushes but at
         most the last two (Paddle's client may otherwise queue 14)."""
         worker, deadline = self.role.worker_index(), time.monotonic() + PUSH_TIMEOUT_S
         while True:
             values = self.exchange.pull()
-            behind = self.exchange.behind(worker, pushed)
-            if behind <= 1 or self.closed:
+            behind = self.exchange.behind(worker, self.pushed)
+            if behind <= 1:
                 return values
             if time.monotonic() > deadline:
                 raise ClusterError(f"worker {worker}: the servers have not applied its push "
-                                   f"{pushed - behind + 1} of {pushed} within "
+                                   f"{self.pushed - behind + 1} of {self.pushed} within "
                                    f"{PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
                                    f"stalled)")
-
-    def _take(self, scope, values: dict) -> None:
-        """``values`` become the parameters in ``scope`` and the next step's beginning."""
-        write_vars(scope, values)
-        self.base = values
 
     def _round(self, scope, current: dict) -> None:
         """Every worker's change since the last round, summed in a fixed order; theta moves
@@ -209,15 +155,12 @@ class StrategyExchange(ParameterSync):
             size = last[n].size
             merged[n] = last[n] - mean[at:at + size].reshape(last[n].shape)
             at += size
-        # The first worker writes the round on its exchange thread, and waits for it to
-        # end (every server holds the round) before the next round's write, and before
-        # any barrier after which someone reads the servers (finish, settle, close).  So
-        # no round is ever missing from what is read.
+        # The first worker's write returns once every server holds the round, and it joins
+        # the next round only then; whoever reads the servers (finish, refresh) meets the
+        # workers at a barrier first.  So no round is ever missing from what is read.
         if self.role.is_first_worker():
             with self.timed("write"):
-                self.background.wait()  # the last round's write: the servers hold it
-            self.exchange.hold(merged)
-            self.background.start(self.exchange.send)
+                self.exchange.write(merged)
         else:
             self.exchange.hold(merged)
         write_vars(scope, merged)
@@ -227,14 +170,12 @@ class StrategyExchange(ParameterSync):
         """Send what is still local, wait for every worker, take the final parameters."""
         if self.exchange.runtime is None:
             return
-        self.background.wait()
         if self.strategy == "async":
             self.exchange.flush()
         elif self.strategy == "geo":  # every worker joins the last round, steps or none
             self._round(scope, read_vars(scope, self.names))
-            self.background.wait()
         self.role.barrier_worker()
-        self._take(scope, self.exchange.pull())
+        write_vars(scope, self.exchange.pull())
 
     def refresh(self, scope) -> None:
         """Take the servers' parameters mid-training (async; sync and geo hold the last
@@ -243,9 +184,8 @@ class StrategyExchange(ParameterSync):
         first worker does, alone, before it saves
         (:class:`kspipe.openks.GeneralDistributedOptimizer`)."""
         if self.exchange.runtime is not None and self.strategy == "async":
-            self.background.wait()
             self.exchange.flush()
-            self._take(scope, self.exchange.pull())
+            write_vars(scope, self.exchange.pull())
 
     def settle(self) -> None:
         """Before a checkpoint, every worker: the scope then holds the servers' parameters
@@ -256,25 +196,20 @@ class StrategyExchange(ParameterSync):
         * geo: a round, whatever ``k_steps`` says, so no worker's local steps are left out
           of the checkpoint.  The uninterrupted run makes the same round at the same
           checkpoint, so a run resumed from it repeats that run exactly;
-        * sync: every round already ended so (the first worker's last write ended here).
+        * sync: every round already ended so.
         """
         if self.exchange.runtime is None:
             return
-        self.background.wait()
         if self.strategy == "async":
             self.exchange.flush()
             self.role.barrier_worker()
-            self._take(self.scope, self.exchange.pull())
+            write_vars(self.scope, self.exchange.pull())
         elif self.strategy == "geo":  # every worker joins, steps since the last or none
             self._round(self.scope, read_vars(self.scope, self.names))
-            self.background.wait()
 
     def close(self, clean: bool = True) -> None:
         if clean and self.exchange.runtime is not None:
-            self.background.wait()
             self.role.barrier_worker()  # the first worker stops the servers after the rest
-        self.closed = True  # a pull still waiting on the thread returns
-        self.background.close()
         if self.summing is not None:
             self.summing.close()
         self.exchange.close(self.role.is_first_worker())

@@ -47,7 +47,6 @@ def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = T
         sync.step(scope)
         record["held"].append(as_lists(read_vars(scope, SHAPES)))
         if (step + 1) % k_steps == 0:  # a round: every worker exchanged; what do servers hold?
-            sync.settle()  # every push, or the round's write, is in
             role.barrier_worker()
             servers = sync.exchange.pull()
             record["servers"].append(as_lists(servers))
