@@ -20,17 +20,18 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
-from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_JOB,  # noqa: E402
-                                 HookRecorder, QuietReporter, begun_store, compose_config,
-                                 ctr_overrides, latest_weights, overloaded, plugin_manager,
-                                 scheduled_overrides, tiny_omniglot, tiny_overrides)
+from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
+                                 SCHEDULED_JOB, HookRecorder, QuietReporter, begun_store,
+                                 compose_config, ctr_overrides, latest_weights, overloaded,
+                                 plugin_manager, scheduled_overrides, tiny_omniglot,
+                                 tiny_overrides)
 from kspipe.testing.serving import (Server, a_test_task, invoke, model_server,  # noqa: E402
                                     reference_adaptation)
 from kspipe.testing.slurm import local_slurm, slurm_missing, stop_daemon  # noqa: E402
 
 __all__ = [
     "compose_config", "tiny_omniglot", "tiny_overrides", "begun_store", "ctr_overrides",
-    "CTR_LINES", "CTR_MIN_AUC", "SCHEDULED_JOB", "scheduled_overrides",
+    "CTR_LINES", "CTR_MIN_AUC", "SCHEDULED_JOB", "SCHEDULED_COLLECTIVE", "scheduled_overrides",
     "latest_weights", "plugin_manager", "QuietReporter", "HookRecorder", "overloaded",
     "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
     "job_processes",

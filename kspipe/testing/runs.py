@@ -32,6 +32,9 @@ def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int 
 #: The tiny job of the tests of jobs others start (Paddle's launcher, Slurm, a PaddleJob):
 #: parameter servers with sync exchanges, which repeat exactly.
 SCHEDULED_JOB = ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=sync"]
+#: Its collective form, given after :func:`scheduled_overrides` (whose servers and strategy
+#: a collective job leaves unused).
+SCHEDULED_COLLECTIVE = ["mode=collective", "workers=2"]
 
 
 def scheduled_overrides(tmp_path: Path, data_root: Path) -> list[str]:
