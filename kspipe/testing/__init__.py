@@ -6,7 +6,8 @@
 Every helper is importable from here; each lives in the module of its kind:
 
 * :mod:`kspipe.testing.runs`: runs in the test's own process (a composed config, a tiny
-  data set, kspipe's registry with a test's plugins, a hook recorder, a busy machine);
+  data set, an MLflow store begun from an empty one, kspipe's registry with a test's
+  plugins, a hook recorder, a busy machine);
 * :mod:`kspipe.testing.commands`: the ``kspipe`` command in processes of its own (plugins
   installed as a user installs them, its one-line error, the runs and processes it left);
 * :mod:`kspipe.testing.serving`: a run's MLflow model served, and what it must answer;
@@ -19,18 +20,19 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
-from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_JOB,  # noqa: E402
-                                 HookRecorder, QuietReporter, compose_config, ctr_overrides,
-                                 latest_weights, overloaded, plugin_manager,
-                                 scheduled_overrides, tiny_omniglot, tiny_overrides)
+from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
+                                 SCHEDULED_JOB, HookRecorder, QuietReporter, begun_store,
+                                 compose_config, ctr_overrides, latest_weights, overloaded,
+                                 plugin_manager, scheduled_overrides, tiny_omniglot,
+                                 tiny_overrides)
 from kspipe.testing.serving import (Server, a_test_task, invoke, model_server,  # noqa: E402
                                     reference_adaptation)
 from kspipe.testing.slurm import local_slurm, slurm_missing, stop_daemon  # noqa: E402
 
 __all__ = [
-    "compose_config", "tiny_omniglot", "tiny_overrides", "ctr_overrides", "CTR_LINES",
-    "CTR_MIN_AUC", "SCHEDULED_JOB", "scheduled_overrides", "latest_weights", "plugin_manager", "QuietReporter",
-    "HookRecorder", "overloaded",
+    "compose_config", "tiny_omniglot", "tiny_overrides", "begun_store", "ctr_overrides",
+    "CTR_LINES", "CTR_MIN_AUC", "SCHEDULED_JOB", "SCHEDULED_COLLECTIVE", "scheduled_overrides",
+    "latest_weights", "plugin_manager", "QuietReporter", "HookRecorder", "overloaded",
     "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
     "job_processes",
     "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",

@@ -32,6 +32,9 @@ def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int 
 #: The tiny job of the tests of jobs others start (Paddle's launcher, Slurm, a PaddleJob):
 #: parameter servers with sync exchanges, which repeat exactly.
 SCHEDULED_JOB = ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=sync"]
+#: Its collective form, given after :func:`scheduled_overrides` (whose servers and strategy
+#: a collective job leaves unused).
+SCHEDULED_COLLECTIVE = ["mode=collective", "workers=2"]
 
 
 def scheduled_overrides(tmp_path: Path, data_root: Path) -> list[str]:
@@ -60,8 +63,10 @@ CTR_MIN_AUC = 0.72
 
 def ctr_overrides(tmp_path: Path, *overrides) -> list[str]:
     """The small ctr job (``+experiment=ctr_datafeed``, 3 epochs of generated files cached
-    under ``tmp_path``), writing into ``tmp_path/run``; ``overrides`` last."""
+    under ``tmp_path``), writing into ``tmp_path/run`` and the MLflow store
+    ``tmp_path/mlflow.db`` (:func:`begun_store`); ``overrides`` last."""
     return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
+            f"tracking.uri={begun_store(tmp_path)}",
             f"datafeed.generated.cache_dir={tmp_path / 'cache'}",
             "datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
             f"datafeed.generated.lines_per_file={CTR_LINES}", "ctr.epochs=3",
@@ -69,12 +74,13 @@ def ctr_overrides(tmp_path: Path, *overrides) -> list[str]:
 
 
 def tiny_overrides(tmp_path: Path, data_root: Path, train_characters: int = 20) -> list[str]:
-    """Overrides that make a run take seconds and write only under ``tmp_path``."""
+    """Overrides that make a run take seconds and write only under ``tmp_path``; its MLflow
+    store, ``tmp_path/mlflow.db``, is begun from an empty one (:func:`begun_store`)."""
     return [
         f"dataset.root={data_root}",
         f"dataset.train_characters={train_characters}",
         f"run_dir={tmp_path / 'run'}",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking.uri={begun_store(tmp_path)}",
         "tracking.model=false",  # tests of the MLflow model ask for it
         "model.filters=16",
         "train.meta_iters=4",
@@ -90,6 +96,50 @@ def tiny_overrides(tmp_path: Path, data_root: Path, train_characters: int = 20) 
         "eval.interval=2",
         "eval.interval_tasks=2",
     ]
+
+
+def begun_store(folder: Path) -> str:
+    """The URI of the MLflow store ``folder/mlflow.db``, begun (unless it exists) as a copy
+    of an empty store made once per test process.
+
+    MLflow takes seconds to create a SQLite store (it runs its schema's migrations), and
+    each test's run would otherwise create one of its own.  What a new store does (jobs
+    started together on one, under kspipe's lock) is tested where the store is left new."""
+    import shutil
+
+    folder = Path(folder)
+    store = folder / "mlflow.db"
+    if not store.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_store(), store)
+    return f"sqlite:///{store}"
+
+
+_EMPTY_STORE: list[Path] = []
+
+
+def _empty_store() -> Path:
+    """An MLflow store that MLflow created and nothing wrote to (in a folder of its own,
+    removed when the process ends)."""
+    if not _EMPTY_STORE:
+        import atexit
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="kspipe-empty-store-"))
+        atexit.register(shutil.rmtree, folder, True)
+        store = folder / "mlflow.db"
+        # in a process of its own, started in that folder: MLflow's default artifact
+        # folder (./mlruns) is made there, not in the tests' current folder
+        made = subprocess.run([sys.executable, "-c", "import sys; from mlflow import "
+                               "MlflowClient; MlflowClient(tracking_uri=sys.argv[1])"
+                               ".search_experiments()", f"sqlite:///{store}"],
+                              cwd=folder, capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr[-3000:]
+        _EMPTY_STORE.append(store)
+    return _EMPTY_STORE[0]
 
 
 def plugin_manager(*plugins, load_entrypoints: bool = False):

@@ -42,13 +42,16 @@ def test_the_paper_settings_are_all_there():
 def test_every_experiment_runs_in_one_multirun(tmp_path, tiny_imagenet):
     """``kspipe -m +experiment=<all of them>``, shrunk to a few meta-iterations, on one small
     split-folder set (mini-ImageNet's layout; the Omniglot experiments read it too) and the
-    generated click-through files."""
+    generated click-through files.  The jobs share the sweep's process (``isolate=false``,
+    half the time: a process's start-up is most of a shrunk job's); a sweep's jobs each in
+    a process of their own, ctr's too, are test_sweeps.py's."""
     reptile = [o for o in tiny_overrides(tmp_path, tiny_imagenet) if not o.startswith("run_dir=")]
     ctr = ["datafeed.generated.lines_per_file=200", f"datafeed.generated.cache_dir={tmp_path}/cache",
            "ctr.epochs=1"]
     done = subprocess.run(
         [sys.executable, "-m", "kspipe.cli", "-m", f"+experiment={','.join(EXPERIMENTS)}",
-         *reptile, "eval.inner_batch=3", *ctr, f"hydra.sweep.dir={tmp_path}/multirun"],
+         *reptile, "eval.inner_batch=3", *ctr, "isolate=false",
+         f"hydra.sweep.dir={tmp_path}/multirun"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     with sqlite3.connect(tmp_path / "mlflow.db") as db:

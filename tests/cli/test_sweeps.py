@@ -80,7 +80,7 @@ def test_the_mlflow_ui_serves_the_sweep(sweep):
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
                                f"sqlite:///{tmp / 'mlflow.db'}", "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=tmp, stdout=subprocess.DEVNULL,
+                               "--port", str(port), "--workers", "1"], cwd=tmp, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True,
                               env=dict(os.environ, TMPDIR=str(tmp)))  # its lock files
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"

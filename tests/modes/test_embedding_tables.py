@@ -10,58 +10,39 @@ tests (tests/plugins/bags: bag-of-ids regression through ``role.embedding`` and
 * a cluster run of a workload that exports no inference model is recorded FINISHED.
 """
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from kspipe import testing
 
-BAGS = Path(__file__).resolve().parents[1] / "plugins" / "bags"
-SMALL = ["tracking.enabled=false"]
-
 
 @pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory):
-    """The workload as an installed plugin: its package and a dist-info with its entry point."""
-    site = tmp_path_factory.mktemp("site")
-    testing.install_plugin(site, BAGS / "kspipe_bags", "bags = kspipe_bags.plugin")
-    return testing.plugin_env(site)
-
-
-@pytest.fixture(scope="module")
-def train(plugin_env, tmp_path_factory):
-    """train(name, *overrides) -> (metrics, parameters) of one run, made once per name;
+def train(bags_run):
+    """train(name, *overrides) -> (metrics, parameters) of one run, made once a session per
+    name (tests/modes/conftest.py: test_launchers.py compares with the sync run too);
     ``train.folders[name]``: its run folder."""
-    done, folders = {}, {}
-
-    def run(name, *overrides):
-        if name not in done:
-            folder = tmp_path_factory.mktemp(name)
-            folders[name] = folder / "run"
-            result = testing.run_kspipe("+experiment=bags", *SMALL, *overrides,
-                                        f"run_dir={folder / 'run'}", cwd=folder, env=plugin_env)
-            assert result.returncode == 0, (name, result.stderr[-3000:])
-            metrics = json.loads((folder / "run" / "metrics.json").read_text())
-            done[name] = metrics, dict(np.load(folder / "run" / "params.npz"))
-        return done[name]
-
-    run.folders = folders
-    return run
+    return bags_run
 
 
 PSERVER = ["mode=pserver", "workers=2", "servers=2"]
 
 
-def test_a_cluster_run_of_a_workload_that_exports_no_model_is_recorded(train, tmp_path):
+@pytest.fixture(scope="module")
+def tracked(train, tmp_path_factory):
+    """The sync run once more, recorded in an MLflow store (the other runs here turn tracking
+    off): the store, and the run's metrics and parameters."""
+    folder = tmp_path_factory.mktemp("tracked-store")
+    return folder / "mlflow.db", train(
+        "sync-fixed-tracked", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync",
+        "tracking.enabled=true", f"tracking.uri={testing.begun_store(folder)}")
+
+
+def test_a_cluster_run_of_a_workload_that_exports_no_model_is_recorded(train, tracked):
     """bags' save stage writes nothing (its parameters are in params.npz): the run is
     recorded, FINISHED, with the tracking that the other tests here turn off."""
-    store = tmp_path / "mlflow.db"
-    train("tracked", "tracking.enabled=true", f"tracking.uri=sqlite:///{store}", *PSERVER,
-          "cluster.strategy=sync")
+    store, _ = tracked
     assert testing.run_statuses(store) == ["FINISHED"]
-    assert not (train.folders["tracked"] / "inference_model").exists()
+    assert not (train.folders["sync-fixed-tracked"] / "inference_model").exists()
 
 
 @pytest.mark.parametrize("ids", ["fixed", "single", "sequence"])
@@ -84,9 +65,12 @@ def test_collective_trains_the_local_model(train):
     assert abs(cluster["test_r2"] - local["test_r2"]) < 1e-4
 
 
-def test_sync_repeats_bit_for_bit(train):
+def test_sync_repeats_bit_for_bit(train, tracked):
+    """The same sync job twice (the second recorded in MLflow, which trains nothing
+    differently) ends with the same parameters, bit for bit."""
     _, first = train("sync-fixed", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
-    _, again = train("sync-fixed-again", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
+    _, (_, again) = tracked
+    assert set(again) == set(first)
     for name, value in first.items():
         np.testing.assert_array_equal(again[name], value, err_msg=name)
 

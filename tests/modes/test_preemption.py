@@ -13,15 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.testing import job_processes, overloaded, run_statuses, tiny_overrides
+from kspipe.testing import (begun_store, job_processes, overloaded, run_statuses,
+                            scheduled_overrides, tiny_overrides)
 
 #: How close the resumed run's weights come to the uninterrupted one's at the end: every mode
 #: repeats exactly (sync sums the workers' changes in a fixed order), so only float rounding
 #: of the restored state is allowed.  A pserver worker resumed without its own optimiser
-#: state was 6e-4 away after one round.  The pserver runs go on an overloaded machine.
+#: state was 6e-4 away after one round.  The pserver runs are stopped and resumed on an
+#: overloaded machine (the uninterrupted runs they are compared with are not).
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 CLUSTER = {"local": [],
-           "pserver": ["mode=pserver", "workers=2", "cluster.strategy=sync"],
+           # the scheduled job of tests/modes/conftest.py: ``launched_long`` is its whole run
+           "pserver": None,
            # a round every 2 of a worker's steps and at every checkpoint (every 3 of its
            # steps): the checkpoints fall between the k_steps rounds
            "pserver-geo": ["mode=pserver", "workers=2", "cluster.strategy=geo",
@@ -45,21 +48,28 @@ def saved_state(run_dir: Path, iteration: int | None = None) -> dict:
 
 
 @pytest.mark.parametrize("mode", list(CLUSTER))
-def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_data, mode):
-    iterations = 120 if mode == "local" else 40
-    every = EVERY.get(mode, 4)
-    common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-              f"train.meta_iters={iterations}", f"train.checkpoint_every={every}",
-              f"train.keep_checkpoints={iterations // every}", "eval.interval=0",
-              "eval.baseline=false", *CLUSTER[mode]]
+def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_data, mode,
+                                                               request):
+    if CLUSTER[mode] is None:  # the scheduled job, run whole once for this and test_slurm.py
+        long = request.getfixturevalue("launched_long")
+        iterations, every, expected = long.iterations, long.every, long.weights
+        common = [*scheduled_overrides(tmp_path, tiny_data), *long.overrides]
+    else:
+        iterations = 120 if mode == "local" else 40
+        every = EVERY.get(mode, 4)
+        common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
+                  f"train.meta_iters={iterations}", f"train.checkpoint_every={every}",
+                  f"train.keep_checkpoints={iterations // every}", "eval.interval=0",
+                  "eval.baseline=false", *CLUSTER[mode]]
+        whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}",  # a store apart
+                       f"tracking.uri={begun_store(tmp_path / 'whole-store')}")
+        assert whole.wait(timeout=300) == 0, whole.communicate()
+        expected = saved_state(tmp_path / "whole", iterations)
     with overloaded(processes=3 if mode.startswith("pserver") else 0):
-        check_sigterm_and_resume(tmp_path, common, iterations, every)
+        check_sigterm_and_resume(tmp_path, common, iterations, every, expected)
 
 
-def check_sigterm_and_resume(tmp_path, common, iterations, every):
-    whole = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'whole'}")
-    assert whole.wait(timeout=300) == 0, whole.communicate()
-
+def check_sigterm_and_resume(tmp_path, common, iterations, every, expected):
     cut = tmp_path / "cut"
     job = kspipe(tmp_path, *common, f"run_dir={cut}")
     try:
@@ -83,13 +93,13 @@ def check_sigterm_and_resume(tmp_path, common, iterations, every):
     assert not job_processes(cut)
     saved = sorted(p.name for p in (cut / "checkpoints").glob("checkpoint-*"))
     assert saved and not any(name.endswith(".tmp") for name in saved)
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "KILLED"]
+    assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"]
 
     resumed = kspipe(tmp_path, *common, f"run_dir={tmp_path / 'resumed'}", f"resume={cut}")
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     assert "resuming from meta-iteration" in stderr
-    expected, got = (saved_state(tmp_path / run, iterations) for run in ("whole", "resumed"))
+    got = saved_state(tmp_path / "resumed", iterations)
     assert set(got) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, err_msg=name, **TOLERANCE)

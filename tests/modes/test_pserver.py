@@ -65,18 +65,19 @@ def test_a_killed_worker_stops_the_job(tmp_path, tiny_data, mode):
     assert len(client.list_artifacts(record.info.run_id, "logs")) == (3 if mode == "pserver" else 2)
 
 
-@pytest.mark.parametrize("syntax", ["list", "quoted"])
-def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data, syntax):
-    s, w0, w1 = free_ports(3)
-    workers = (f"workers=[127.0.0.1:{w0},127.0.0.1:{w1}]" if syntax == "list"
-               else f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'")
+def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data):
+    """Both syntaxes of an endpoint list in one job: the servers in Hydra's list syntax,
+    the workers as a quoted string."""
+    s0, s1, w0, w1 = free_ports(4)
     cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "mode=pserver", f"servers=[127.0.0.1:{s}]", workers,
-                          "cluster.strategy=sync"])
+                          "mode=pserver", f"servers=[127.0.0.1:{s0},127.0.0.1:{s1}]",
+                          f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'", "cluster.strategy=sync"])
     metrics = run(cfg, plugin_manager())
     assert 0 <= metrics["test_accuracy"] <= 1 and "worker1/tasks_per_s" in metrics
-    job = (tmp_path / "run" / "logs" / "worker.1.log").read_text()
-    assert "meta-train" in job
+    logs = tmp_path / "run" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "server.0.log", "server.1.log", "worker.0.log", "worker.1.log"]
+    assert "meta-train" in (logs / "worker.1.log").read_text()
 
 
 @pytest.mark.parametrize("overrides, message", [

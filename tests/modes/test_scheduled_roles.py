@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from kspipe.endpoints import free_ports
-from kspipe.testing import latest_weights, run_statuses, scheduled_overrides
+from kspipe.testing import (SCHEDULED_COLLECTIVE, latest_weights, run_statuses,
+                            scheduled_overrides)
 
 #: what kspipe's launcher gives each process (one math thread each on 2 cores), so that
 #: the float sums are the same
@@ -78,7 +79,7 @@ def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, form, request):
         expected, job = request.getfixturevalue("launched"), []
         paddle = ["--server_num=1", "--trainer_num=2", f"--gloo_port={gloo}"]
     else:
-        expected, job = request.getfixturevalue("launched_collective"), COLLECTIVE
+        expected, job = request.getfixturevalue("launched_collective"), SCHEDULED_COLLECTIVE
         paddle = ["--nproc_per_node=2"]
     result = subprocess.run(
         [sys.executable, "-m", "paddle.distributed.launch", *paddle,
@@ -88,20 +89,6 @@ def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, form, request):
         timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     check_one_job(tmp_path, expected)
-
-
-COLLECTIVE = ["mode=collective", "workers=2"]
-
-
-@pytest.fixture(scope="module")
-def launched_collective(tmp_path_factory, tiny_data):
-    """The collective job started by kspipe's own launcher: the reference weights."""
-    tmp = tmp_path_factory.mktemp("launched-collective")
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp, tiny_data),
-                             *COLLECTIVE, f"run_dir={tmp / 'run'}"], cwd=tmp,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return latest_weights(tmp / "run")
 
 
 def kspipe_processes(tmp: Path) -> list[str]:
@@ -118,7 +105,8 @@ def test_cluster_launcher_paddle_runs_the_job_under_paddles_launcher(
     command's), one FINISHED run, Paddle's logs in it, and kspipe's own launcher's weights,
     bit for bit."""
     expected = request.getfixturevalue("launched" if form == "pserver" else "launched_collective")
-    job = scheduled_overrides(tmp_path, tiny_data) + ([] if form == "pserver" else COLLECTIVE)
+    job = scheduled_overrides(tmp_path, tiny_data) + (
+        [] if form == "pserver" else SCHEDULED_COLLECTIVE)
     result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, "cluster.launcher=paddle"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.testing import (SCHEDULED_JOB, job_processes, latest_weights, run_statuses,
-                            scheduled_overrides, slurm_missing)
+from kspipe.testing import (SCHEDULED_COLLECTIVE, job_processes, latest_weights,
+                            run_statuses, scheduled_overrides, slurm_missing)
 
 #: Slurm's tests run where a Slurm can be started here (installed, and root: the README
 #: installs it so); elsewhere they are skipped, saying why.
@@ -178,19 +178,12 @@ def tail(path: Path) -> str:
 
 @needs_slurm
 def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, tiny_data,
-                                                                      slurm):
+                                                                      launched_long, slurm):
     """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
     KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>-..., and
-    ends with the weights of a run never interrupted."""
-    long = ["train.meta_iters=80", "train.checkpoint_every=4", "train.keep_checkpoints=20",
-            "eval.interval=0"]
-    job = [*scheduled_overrides(tmp_path, tiny_data), *long]
-    whole = tmp_path / "whole"
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, f"run_dir={whole}"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(whole / "checkpoints" / "checkpoint-0000080" / "state.pdparams", "rb") as f:
-        expected = pickle.load(f)
+    ends with the weights of a run never interrupted (``launched_long``)."""
+    job = [*scheduled_overrides(tmp_path, tiny_data), *launched_long.overrides]
+    last = f"checkpoint-{launched_long.iterations:07d}"
 
     script = tmp_path / "job.sbatch"
     command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "kspipe.cli", *job,
@@ -218,12 +211,12 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
     output = out.read_text()
     assert "Slurm requeued the job (restart 1): it resumes from its latest checkpoint" in output
     assert run_folders() == [run]  # the requeued job found its own folder
-    # the uninterrupted run's, the job's first (stopped by the requeue) and its second
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED", "KILLED"], \
-        output[-3000:]
-    with open(run / "checkpoints" / "checkpoint-0000080" / "state.pdparams", "rb") as f:
+    # the job's first run (stopped by the requeue) and its second
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "KILLED"], output[-3000:]
+    with open(run / "checkpoints" / last / "state.pdparams", "rb") as f:
         got = pickle.load(f)
-    for name, value in expected.items():
+    assert set(got) == set(launched_long.weights)
+    for name, value in launched_long.weights.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
@@ -279,19 +272,17 @@ def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data,
 
 @needs_slurm
 def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
-        tmp_path, tiny_data, slurm):
-    job = [*[o for o in scheduled_overrides(tmp_path, tiny_data) if o not in SCHEDULED_JOB],
-           "mode=collective", "workers=2"]
-    weights = {}
-    for name, command in (("processes", []), ("slurm", ["salloc", "-n", "2", "--quiet"])):
-        run = tmp_path / name
-        result = subprocess.run(
-            [*command, sys.executable, "-m", "kspipe.cli", *job, f"cluster.launcher={name}",
-             f"run_dir={run}"], cwd=tmp_path, env=dict(os.environ, **slurm),
-            capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, (name, result.stderr[-3000:])
-        weights[name] = latest_weights(run)
-    for name, value in weights["processes"].items():
-        np.testing.assert_array_equal(weights["slurm"][name], value, err_msg=name)
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED"]
+        tmp_path, tiny_data, launched_collective, slurm):
+    run = tmp_path / "run"
+    result = subprocess.run(
+        ["salloc", "-n", "2", "--quiet", sys.executable, "-m", "kspipe.cli",
+         *scheduled_overrides(tmp_path, tiny_data), *SCHEDULED_COLLECTIVE,
+         "cluster.launcher=slurm", f"run_dir={run}"], cwd=tmp_path,
+        env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = latest_weights(run)
+    assert set(got) == set(launched_collective)
+    for name, value in launched_collective.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
     assert nothing_queued(slurm)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.testing import invoke, model_server, run_kspipe, tiny_overrides
+from kspipe.testing import begun_store, invoke, model_server, run_kspipe, tiny_overrides
 
 
 def only_run(store: str):
@@ -28,7 +28,7 @@ def ctr_run(tmp_path_factory):
     """ctr trained on a parameter-server cluster (the launcher process logs the model of a
     job whose workers trained it), served."""
     tmp = tmp_path_factory.mktemp("ctr")
-    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    store = begun_store(tmp)
     result = run_kspipe("+experiment=ctr_datafeed", "ctr.epochs=1", "mode=pserver", "workers=2",
                         "datafeed.generated.lines_per_file=500",
                         f"datafeed.generated.cache_dir={tmp / 'cache'}", f"run_dir={tmp / 'run'}",

@@ -23,6 +23,7 @@ def job_args(tmp_path, data, *extra):
     the folder it starts in), with ``extra`` last."""
     tiny = [o for o in tiny_overrides(tmp_path, data)
             if not o.startswith(("run_dir=", "tracking.uri="))]
+    (tmp_path / "mlflow.db").unlink()  # tiny_overrides began it: the default store is new
     return [sys.executable, "-m", "kspipe.cli", "+experiment=omniglot_5way", *tiny, *QUICK,
             *extra]
 

@@ -8,7 +8,7 @@ from mlflow import MlflowClient
 
 from kspipe import hookimpl
 from kspipe.pipeline import run
-from kspipe.testing import HookRecorder, plugin_manager
+from kspipe.testing import HookRecorder, compose_config, plugin_manager, tiny_overrides
 
 
 def only_run(cfg):
@@ -18,11 +18,17 @@ def only_run(cfg):
     return client, runs[0]
 
 
-def test_run_trains_evaluates_saves_and_records(tiny_cfg):
-    cfg = tiny_cfg()
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_data):
+    """One tiny run, recorded by a HookRecorder: its config, metrics and recorder."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp, tiny_data)])
     recorder = HookRecorder()
-    metrics = run(cfg, plugin_manager(("recorder", recorder)))
+    return cfg, run(cfg, plugin_manager(("recorder", recorder))), recorder
 
+
+def test_run_trains_evaluates_saves_and_records(tiny_run):
+    cfg, metrics, recorder = tiny_run
     for name in ("test_accuracy", "baseline_test_accuracy", "train_accuracy"):
         assert 0.0 <= metrics[name] <= 1.0
         assert metrics[name + "_ci95"] >= 0.0
@@ -52,14 +58,13 @@ def test_run_trains_evaluates_saves_and_records(tiny_cfg):
     assert "inference_model/model.pdmodel" in model_files
 
 
-def test_inference_model_loads_and_classifies_a_task(tiny_cfg, tiny_data):
+def test_inference_model_loads_and_classifies_a_task(tiny_run, tiny_data):
     import paddle
 
     from kspipe.fewshot.data import read_omniglot, sample_task
     from kspipe.reptile.tasks import nchw
 
-    cfg = tiny_cfg()
-    run(cfg, plugin_manager())
+    cfg = tiny_run[0]
     exe = paddle.static.Executor(paddle.CPUPlace())
     program, feeds, fetches = paddle.static.load_inference_model(
         os.path.join(cfg.run_dir, "inference_model", "model"), exe)

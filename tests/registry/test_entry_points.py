@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from kspipe.plugin_manager import builtin_plugins, get_plugin_manager
-from kspipe.testing import install_plugin, plugin_env, run_kspipe
+from kspipe.testing import begun_store, install_plugin, plugin_env, run_kspipe
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
@@ -126,7 +126,7 @@ def test_an_installed_plugin_package_is_found_and_runs(tmp_path, tiny_data):
     shapes = [line for line in listing.stdout.splitlines() if line.startswith("shapes")]
     assert shapes and "kspipe-shapes 0.1.0" in shapes[0] and "kspipe_read_dataset" in shapes[0]
     result = run_kspipe("+experiment=shapes_5way", f"run_dir={tmp_path / 'run'}",
-                        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "train.meta_iters=4",
+                        f"tracking.uri={begun_store(tmp_path)}", "train.meta_iters=4",
                         "eval.tasks=3", "eval.interval=2", "shapes.classes=30", cwd=tmp_path,
                         env=env)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -13,8 +13,8 @@ import pytest
 from kspipe.ctr.evaluation import roc_auc
 from kspipe.ctr.training import auc_from_histograms
 from kspipe.datafeed import DataFeedDesc, python_batches
-from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error, ctr_overrides,
-                            run_kspipe, run_statuses)
+from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error, begun_store,
+                            ctr_overrides, run_kspipe, run_statuses)
 
 def run_record(db):
     import mlflow
@@ -115,6 +115,7 @@ def own_files(tmp_path):
 
 def own_args(tmp_path, *overrides):
     return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
+            f"tracking.uri={begun_store(tmp_path)}",
             f"datafeed.desc={tmp_path / 'desc.prototxt'}",
             f"datafeed.train_files={tmp_path / 'train'}",
             f"datafeed.test_files={tmp_path / 'test'}", "ctr.epochs=1", *overrides]

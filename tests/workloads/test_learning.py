@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from kspipe.pipeline import run
-from kspipe.testing import compose_config, plugin_manager, tiny_omniglot
+from kspipe.testing import begun_store, compose_config, plugin_manager, tiny_omniglot
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def data60(tmp_path_factory):
 def learning_cfg(tmp_path, data, *overrides):
     return compose_config([
         "+experiment=omniglot_5way", f"dataset.root={data}", "dataset.train_characters=40",
-        f"run_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"run_dir={tmp_path / 'run'}", f"tracking.uri={begun_store(tmp_path)}",
         "model.filters=32", "task.shots=5", "train.shots=5", "train.meta_iters=300",
         "eval.tasks=100", "eval.inner_iters=20", "eval.interval=0", "seed=0", *overrides])
 
