@@ -36,7 +36,7 @@ def exchange_steps(folder: Path, params: int, steps: int) -> dict:
         run = folder / f"{strategy}-{params}"
         run.mkdir(parents=True)
         cluster = Cluster(str(run), echo_first_worker=False)
-        plan = launch_plan("pserver", 2, 1, meeting_dir=str(run / "gloo"), threads=1)
+        plan = launch_plan("pserver", 2, 1, threads=1)
         try:
             for p in plan:
                 cluster.start(p.role, p.index, p.env, [sys.executable, str(STEPS_JOB), strategy,

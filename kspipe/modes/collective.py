@@ -16,15 +16,14 @@ ring 0), as Paddle's RawProgramOptimizer writes them:
 * at ``init_worker`` worker 0's parameters reach every worker (an all-reduce of them
   and zeros), so all start from the same model.
 
-On CPU the ops' kernels run over gloo (``gloo_init_parallel_env``, worker 0 serves the
-meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` + ``c_comm_init``
+On CPU the ops' kernels run over gloo (:func:`kspipe.modes.meeting.gloo_context`, worker 0
+serves the meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` + ``c_comm_init``
 set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot be used on CPU:
 it fails setting up the communicator, ``c_gen_nccl_id`` / comm_id.)
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import numpy as np
@@ -35,7 +34,7 @@ from kspipe.job import check_environment, role_from_environment
 from kspipe.modes.hosts import job_hosts
 from kspipe.endpoints import process_count
 from kspipe.modes.launch import Launcher
-from kspipe.modes.plan import GLOO_ENDPOINT_ENV, LOG_DIR_ENV
+from kspipe.modes.plan import GLOO_ENDPOINT_ENV
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 
 
@@ -107,11 +106,12 @@ class CollectiveRole(Role):
         # the collective ops go into the programs with two workers or more, and on a GPU
         # always (a ring of one still sets up NCCL and runs the ops: the GPU path)
         self.reduces = self.nranks > 1 or self.device is not None
+        self.gloo = self.book = None  # the workers' gloo world; worker 0: its meeting point
         if self.nranks > 1:
-            keep_http_log_in(env.get(LOG_DIR_ENV) or os.getcwd())
-            from paddle.distributed.parallel_with_gloo import gloo_init_parallel_env
+            from kspipe.modes.meeting import gloo_context
 
-            gloo_init_parallel_env(self.rank, self.nranks, gloo_endpoint_of(self.endpoints))
+            self.gloo, self.book = gloo_context(self.rank, self.nranks,
+                                                gloo_endpoint_of(self.endpoints))
 
     # who am I
     def worker_num(self):
@@ -150,10 +150,8 @@ class CollectiveRole(Role):
         return [float(v) for v in total]
 
     def barrier_worker(self) -> None:
-        if self.nranks > 1:
-            from paddle.distributed.parallel_with_gloo import gloo_barrier
-
-            gloo_barrier()
+        if self.gloo is not None:
+            self.gloo.barrier()
 
     # distribution
     def refuses(self, needs, cfg) -> str | None:
@@ -212,31 +210,6 @@ def gloo_endpoint_of(endpoints: list[str]) -> str:
         return os.environ[GLOO_ENDPOINT_ENV]
     host, _, port = endpoints[0].rpartition(":")
     return f"{host}:{int(port) + 1}"
-
-
-def keep_http_log_in(folder: str) -> None:
-    """Paddle's KV-server module opens ``http.log`` in the current folder when imported;
-    open it in ``folder`` (the job's logs) instead."""
-    import logging
-    import sys
-
-    module = "paddle.distributed.fleet.utils.http_server"
-    if module in sys.modules:
-        return
-    os.makedirs(folder, exist_ok=True)
-    plain = logging.FileHandler
-
-    class InFolder(plain):
-        def __init__(self, filename, *args, **kwargs):
-            if filename == "http.log":
-                filename = os.path.join(folder, filename)
-            super().__init__(filename, *args, **kwargs)
-
-    logging.FileHandler = InFolder
-    try:
-        importlib.import_module(module)
-    finally:
-        logging.FileHandler = plain
 
 
 def reduce_program(variables: dict, op: str = "c_allreduce_sum", scale: float | None = None,
@@ -354,8 +327,7 @@ class CollectiveLauncher(Launcher):
         cfg = self.cfg
         workers = len(self.devices) if self.devices else cfg.workers
         plan = self.launcher.plan("collective", cfg, workers, threads=cfg.cluster.threads,
-                                  devices=self.devices,
-                                  log_dir=os.path.join(reporter.run_dir, "debug"))
+                                  devices=self.devices)
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
         return self.launcher.run(cfg, reporter, plan,
                                  f"{len(plan)} collective worker(s) ({where})", hosts=self.hosts)

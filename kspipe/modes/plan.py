@@ -11,7 +11,6 @@ the same roles without kspipe.  Who starts them is a launcher's business
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 
 from kspipe.endpoints import check_port_free, endpoints, free_ports, parse_endpoints, this_host
@@ -32,8 +31,8 @@ class Planned:
 
 
 def launch_plan(kind: str, workers, servers=None, host: str | None = None,
-                meeting_dir: str | None = None, threads: int | None = None,
-                devices: list[int] | None = None, log_dir: str | None = None,
+                threads: int | None = None,
+                devices: list[int] | None = None,
                 every_host: bool = False) -> list[Planned]:
     """The processes this host starts for a ``kind`` ("pserver", "collective" or "local":
     one process of its own) job.
@@ -69,11 +68,9 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     if kind == "pserver":
         base.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
                     PADDLE_PSERVER_NUMS=str(len(server_eps)),
-                    **fleet_gloo_env(meeting_dir, everyone))
+                    **fleet_gloo_env(everyone, every_host))
     else:
         base[GLOO_ENDPOINT_ENV] = gloo_endpoint(workers, worker_eps)
-    if log_dir:
-        base[LOG_DIR_ENV] = log_dir
     plan = []
     for role, index, endpoint in local:
         env = dict(base, PADDLE_PORT=endpoint.rpartition(":")[2],
@@ -93,8 +90,6 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
 
 #: Where a collective job's workers meet to set up gloo (worker 0 serves it).
 GLOO_ENDPOINT_ENV = "KSPIPE_GLOO_ENDPOINT"
-#: The job's log folder, where a process puts the files Paddle would leave elsewhere.
-LOG_DIR_ENV = "KSPIPE_LOG_DIR"
 
 
 def gloo_endpoint(workers, worker_eps: list[str]) -> str:
@@ -105,13 +100,14 @@ def gloo_endpoint(workers, worker_eps: list[str]) -> str:
     return f"{host}:{int(port) + 1}"
 
 
-def fleet_gloo_env(meeting_dir: str | None, endpoints: list[str]) -> dict:
-    """Where a parameter-server job's processes meet for fleet's gloo: a fresh folder on
-    one host, else HTTP beside the first endpoint (its port + 1)."""
-    if meeting_dir and all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
-        shutil.rmtree(meeting_dir, ignore_errors=True)  # an earlier job's addresses are stale
-        return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "2",
-                "PADDLE_GLOO_FS_PATH": meeting_dir}
+def fleet_gloo_env(endpoints: list[str], every_host: bool = False) -> dict:
+    """Where a parameter-server job's processes meet for fleet's gloo: server 0 serves the
+    meeting point (:mod:`kspipe.modes.meeting`), on a free port of its host when the whole
+    job is on this one, else on its port + 1."""
     host, _, port = endpoints[0].rpartition(":")
+    if not every_host and all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
+        meeting = free_ports(1, host)[0]
+    else:
+        meeting = int(port) + 1
     return {"PADDLE_WITH_GLOO": "1", "PADDLE_GLOO_RENDEZVOUS": "3",
-            "PADDLE_GLOO_HTTP_ENDPOINT": f"{host}:{int(port) + 1}"}
+            "PADDLE_GLOO_HTTP_ENDPOINT": f"{host}:{meeting}"}

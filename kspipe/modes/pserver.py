@@ -77,11 +77,13 @@ class PserverRole(Role):
         import paddle
         import paddle.distributed.fleet as fleet
 
+        from kspipe.modes.meeting import MeetingRoleMaker
+
         paddle.enable_static()
         self.fleet = fleet
         self.cluster = cluster or {"strategy": "async"}
         self.resumed = resumed  # the folder of the servers' tables the job resumes from
-        fleet.init(fleet.PaddleCloudRoleMaker(is_collective=False))
+        fleet.init(MeetingRoleMaker(is_collective=False))
 
     # who am I
     def is_worker(self):
@@ -175,9 +177,7 @@ class PserverLauncher(Launcher):
         if saved:  # the servers' tables it would load: checked before any starts
             check_manifest(saved, process_count(cfg.servers, "servers"))
         plan = self.launcher.plan("pserver", cfg, cfg.workers, cfg.servers,
-                                  meeting_dir=os.path.join(reporter.run_dir, "gloo"),
-                                  threads=cfg.cluster.threads,
-                                  log_dir=os.path.join(reporter.run_dir, "debug"))
+                                  threads=cfg.cluster.threads)
         servers = sum(1 for p in plan if p.role == "server")
         workers = len(plan) - servers
         if not servers and not workers:

@@ -54,8 +54,7 @@ def launch(args) -> None:
     command = [sys.executable, "-u", os.path.abspath(args.script), *args.script_args]
     kind = "pserver" if args.mode == "cpu" else "collective"
     plan = launch_plan(kind, check_integer(args.worker_num, "--worker_num"),
-                       check_integer(args.server_num, "--server_num") if kind == "pserver" else None,
-                       meeting_dir=os.path.join(log_dir, "gloo"), log_dir=log_dir)
+                       check_integer(args.server_num, "--server_num") if kind == "pserver" else None)
     cluster = Cluster(log_dir, log_dir=log_dir)
     cluster.echo_first_worker = "all"
     try:

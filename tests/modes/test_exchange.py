@@ -32,7 +32,7 @@ def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
     out = tmp_path / "out"
     out.mkdir()
     cluster = Cluster(str(tmp_path), echo_first_worker=False)
-    plan = launch_plan("pserver", 2, servers, meeting_dir=str(tmp_path / "gloo"), threads=1)
+    plan = launch_plan("pserver", 2, servers, threads=1)
     try:
         for p in plan:
             cluster.start(p.role, p.index, p.env,

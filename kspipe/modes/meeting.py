@@ -1,0 +1,118 @@
+"""Where a job's processes meet to set up gloo, in milliseconds.
+
+Gloo's worlds are set up through a store of addresses.  Paddle 2.6.2 offers a folder,
+where a process that finds a peer's address missing sleeps 10 s before it looks again, or
+HTTP, whose key-value server the first process checks on in 3-5 s sleeps (and the others
+wait for in 3 s sleeps): every job waited 3-10 s to begin.  Here the first process starts
+an address book of kspipe's own (:mod:`kspipe.modes.addresses`), every process waits for
+it in 20 ms polls, and Paddle's own gloo meets through it: a job meets in well under a
+second.  Fleet's worlds in a parameter-server job (the workers', the servers', and with
+``PADDLE_WITH_GLOO=2`` everyone's) meet through :class:`MeetingRoleMaker` (server 0 serves
+the book), the collective mode's CPU world through :func:`gloo_context` (worker 0 does).
+
+The environment contract stays Paddle's (``PADDLE_GLOO_RENDEZVOUS=3`` with
+``PADDLE_GLOO_HTTP_ENDPOINT``, served by server 0), so Paddle's launcher and a scheduler's
+manifests start the same jobs; a folder (``PADDLE_GLOO_RENDEZVOUS=2``) still meets Paddle's
+way.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import paddle.distributed.fleet as fleet
+from paddle.base import core
+
+from kspipe.errors import ClusterError
+
+#: How long a process waits for server 0's address book, and for its world to meet.
+MEET_TIMEOUT_S = 900
+#: How long one collective of a world may wait for its slowest member (Paddle's own).
+RUN_TIMEOUT_S = 9999999
+
+
+class MeetingRoleMaker(fleet.PaddleCloudRoleMaker):
+    """Paddle's role maker read from the environment, whose gloo worlds meet in the
+    address book that server 0 serves at ``PADDLE_GLOO_HTTP_ENDPOINT``."""
+
+    book: subprocess.Popen | None = None  # server 0: the address book's process
+
+    # Paddle 2.6.2 has no public way to hand its role maker gloo worlds: _gloo_init is the
+    # method that makes them, and its Gloo's _worker_comm, _server_comm, _nodes_comm and
+    # _is_initialized are what fleet.util's barrier and collectives read.
+    def _gloo_init(self):
+        world = os.environ.get("PADDLE_WITH_GLOO", "0")
+        if world not in ("1", "2") or os.environ.get("PADDLE_GLOO_RENDEZVOUS") != "3":
+            return super()._gloo_init()
+        host, _, port = os.environ["PADDLE_GLOO_HTTP_ENDPOINT"].rpartition(":")
+        port = int(port)
+        if self._is_server() and self._server_index() == 0:
+            self.book = open_book(port)
+        wait_for(host, port, self.book)
+        workers, servers, gloo = self._worker_num(), self._server_num(), self._gloo
+        if self._is_worker():
+            gloo._worker_comm = meet(host, port, "worker", self._worker_index(), workers)
+        else:
+            gloo._server_comm = meet(host, port, "server", self._server_index(), servers)
+        if world == "2":
+            rank = self._worker_index() if self._is_worker() else workers + self._server_index()
+            gloo._nodes_comm = meet(host, port, "all", rank, workers + servers)
+        gloo._is_initialized = True
+
+
+def gloo_context(rank: int, size: int, endpoint: str):
+    """The process's one gloo world of ``size`` members (the one Paddle's CPU collective
+    ops use), met through the address book at ``endpoint``, which rank 0 serves; returns
+    it (``barrier()``, ``release()``) and the book's process (rank 0), to keep."""
+    host, _, port = endpoint.rpartition(":")
+    book = open_book(int(port)) if rank == 0 else None
+    wait_for(host, int(port), book)
+    strategy = core.GlooParallelStrategy()
+    strategy.rank, strategy.rank_num = rank, size
+    strategy.ip_address, strategy.ip_port = host, int(port)
+    strategy.init_seconds, strategy.run_seconds = MEET_TIMEOUT_S, RUN_TIMEOUT_S
+    context = core.GlooParallelContext(strategy)
+    context.init()
+    return context, book
+
+
+def open_book(port: int) -> subprocess.Popen:
+    """Start the address book on ``port`` of this host; it ends when this process does."""
+    return subprocess.Popen([sys.executable, "-m", "kspipe.modes.addresses", str(port)],
+                            stdin=subprocess.PIPE)
+
+
+def meet(host: str, port: int, world: str, rank: int, size: int):
+    """Paddle's gloo world ``world`` of ``size`` members, met through the address book."""
+    gloo = core.Gloo()
+    gloo.set_rank(rank)
+    gloo.set_size(size)
+    gloo.set_prefix(os.environ.get("SYS_JOB_ID", ""))
+    gloo.set_iface("")
+    gloo.set_timeout_seconds(MEET_TIMEOUT_S, RUN_TIMEOUT_S)
+    gloo.set_http_store(host, port, world)
+    gloo.init()
+    return gloo
+
+
+def wait_for(host: str, port: int, book: subprocess.Popen | None = None,
+             timeout_s: float = MEET_TIMEOUT_S) -> None:
+    """Return once the address book at ``host:port`` accepts connections (``book``: this
+    process started it, and it may have failed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if book is not None and book.poll() is not None:
+                raise ClusterError(f"the job's gloo meeting point could not take port {port} "
+                                   f"(this log says why)") from None
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the job's gloo meeting point {host}:{port} did not "
+                                   f"answer within {timeout_s:.0f} s") from None
+            time.sleep(0.02)
