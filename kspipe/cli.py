@@ -35,6 +35,7 @@ def main() -> None:
         from kspipe.datafeed.cli import main as datafeed_main
 
         sys.exit(datafeed_main(args[1:]))
+    stopping.end_quickly()
     if not ANSWERS.intersection(args):  # a job may run: Paddle's signal handlers go
         stopping.install()
     try:

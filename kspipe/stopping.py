@@ -1,5 +1,5 @@
-"""Stopping on request: SIGTERM (what Kubernetes, Slurm, systemd and ``timeout`` send on
-preemption) and Ctrl-C.
+"""Stopping: on request (SIGTERM, what Kubernetes, Slurm, systemd and ``timeout`` send on
+preemption, and Ctrl-C), and quickly at the end (:func:`end_quickly`).
 
 Paddle installs C++ signal handlers that print a "FatalError: Termination signal" dump and
 exit 143 with nothing cleaned up.  :func:`install` removes them and raises
@@ -15,6 +15,8 @@ signal raises at once.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import signal
 from contextlib import contextmanager
 
@@ -50,6 +52,13 @@ def install() -> None:
     _requested = None
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _handle)
+
+
+def end_quickly() -> None:
+    """At its exit, the process skips the garbage collection that Python would make of
+    every object Paddle, MLflow and their imports made: 2-3 s of a run's end, with nothing
+    to gain (kspipe's files are closed and its runs ended before; exit handlers still run)."""
+    atexit.register(gc.freeze)  # registered first, so it runs after the others
 
 
 def default() -> None:

@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kspipe.worker <job.yaml>", file=sys.stderr)
         return 2
+    stopping.end_quickly()
     stopping.install()
     cfg = OmegaConf.load(argv[0])
     try:
