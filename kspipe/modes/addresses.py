@@ -4,8 +4,9 @@ A key-value store over HTTP, as gloo's HTTP client speaks it: ``PUT /<world>/<ke
 keeps a value, ``GET`` returns it (404 until it is put).  Server 0 runs it as a child
 process (``python -m kspipe.modes.addresses <port>``): gloo's set-up holds the Python
 interpreter's lock, so a thread of server 0 could not answer while server 0 itself meets
-the others.  The book serves until its standard input closes, which happens when server 0
-ends, however it ends.  See :mod:`kspipe.modes.meeting`.
+the others.  The book says ``ready`` once it holds its port, and serves until its standard
+input closes, which happens when server 0 ends, however it ends.  See
+:mod:`kspipe.modes.meeting`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def serve(port: int) -> int:
               f"{err.strerror}", file=sys.stderr)
         return 1
     threading.Thread(target=book.serve_forever, daemon=True).start()
+    print("ready", flush=True)
     sys.stdin.buffer.read()  # returns when the process that started the book ends
     return 0
 

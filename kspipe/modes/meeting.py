@@ -52,7 +52,8 @@ class MeetingRoleMaker(fleet.PaddleCloudRoleMaker):
         port = int(port)
         if self._is_server() and self._server_index() == 0:
             self.book = open_book(port)
-        wait_for(host, port, self.book)
+        else:
+            wait_for(host, port)
         workers, servers, gloo = self._worker_num(), self._server_num(), self._gloo
         if self._is_worker():
             gloo._worker_comm = meet(host, port, "worker", self._worker_index(), workers)
@@ -69,8 +70,11 @@ def gloo_context(rank: int, size: int, endpoint: str):
     ops use), met through the address book at ``endpoint``, which rank 0 serves; returns
     it (``barrier()``, ``release()``) and the book's process (rank 0), to keep."""
     host, _, port = endpoint.rpartition(":")
-    book = open_book(int(port)) if rank == 0 else None
-    wait_for(host, int(port), book)
+    book = None
+    if rank == 0:
+        book = open_book(int(port))
+    else:
+        wait_for(host, int(port))
     strategy = core.GlooParallelStrategy()
     strategy.rank, strategy.rank_num = rank, size
     strategy.ip_address, strategy.ip_port = host, int(port)
@@ -81,9 +85,14 @@ def gloo_context(rank: int, size: int, endpoint: str):
 
 
 def open_book(port: int) -> subprocess.Popen:
-    """Start the address book on ``port`` of this host; it ends when this process does."""
-    return subprocess.Popen([sys.executable, "-m", "kspipe.modes.addresses", str(port)],
-                            stdin=subprocess.PIPE)
+    """Start the address book on ``port`` of this host and return once it serves there; it
+    ends when this process does."""
+    book = subprocess.Popen([sys.executable, "-m", "kspipe.modes.addresses", str(port)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if book.stdout.readline().strip() != "ready":  # it said why in this process's log
+        raise ClusterError(f"the job's gloo meeting point could not take port {port} "
+                           f"(this log says why)")
+    return book
 
 
 def meet(host: str, port: int, world: str, rank: int, size: int):
@@ -99,19 +108,14 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
     return gloo
 
 
-def wait_for(host: str, port: int, book: subprocess.Popen | None = None,
-             timeout_s: float = MEET_TIMEOUT_S) -> None:
-    """Return once the address book at ``host:port`` accepts connections (``book``: this
-    process started it, and it may have failed)."""
+def wait_for(host: str, port: int, timeout_s: float = MEET_TIMEOUT_S) -> None:
+    """Return once the address book at ``host:port`` accepts connections."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError:
-            if book is not None and book.poll() is not None:
-                raise ClusterError(f"the job's gloo meeting point could not take port {port} "
-                                   f"(this log says why)") from None
             if time.monotonic() > deadline:
                 raise ClusterError(f"the job's gloo meeting point {host}:{port} did not "
                                    f"answer within {timeout_s:.0f} s") from None

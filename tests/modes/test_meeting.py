@@ -1,0 +1,37 @@
+"""Where a job's processes meet for gloo: kspipe's address book (kspipe/modes/addresses.py,
+kspipe/modes/meeting.py).  Every cluster test meets through it; these check the book."""
+
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kspipe.endpoints import free_ports
+from kspipe.errors import ClusterError
+from kspipe.modes.meeting import open_book
+
+
+def test_the_book_keeps_what_is_put_and_ends_with_its_starter():
+    (port,) = free_ports(1)
+    book = open_book(port)
+    try:
+        url = f"http://127.0.0.1:{port}/worker/rank-1"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(url)
+        assert missing.value.code == 404
+        put = urllib.request.Request(url, data=b"\x00address", method="PUT")
+        assert urllib.request.urlopen(put).status == 200
+        assert urllib.request.urlopen(url).read() == b"\x00address"
+        with pytest.raises(urllib.error.HTTPError):  # another world's key is another key
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/server/rank-1")
+    finally:
+        book.stdin.close()  # what the starter's exit does
+    assert book.wait(timeout=10) == 0
+
+
+def test_a_taken_port_is_one_line():
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ClusterError, match=f"could not take port {port}"):
+            open_book(port)
