@@ -1,4 +1,5 @@
-"""Endpoint lists and process counts as the config gives them, and free ports.
+"""Endpoint lists and process counts as the config gives them, free ports, and waiting
+for a port to listen.
 
 ``workers`` and ``servers`` are each a count or a ``host:port`` list; every module that
 reads them (the config's checks, the modes' plans, the launchers) reads them here.
@@ -7,10 +8,11 @@ reads them (the config's checks, the modes' plans, the launchers) reads them her
 from __future__ import annotations
 
 import socket
+import time
 
 from omegaconf import ListConfig
 
-from kspipe.errors import ConfigError, check_integer
+from kspipe.errors import ClusterError, ConfigError, check_integer
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -86,3 +88,17 @@ def this_host(host: str | None, endpoints: list[str]) -> str:
         raise ConfigError("the endpoints name several hosts: set cluster.host to this "
                           "host's address, and run the same command on each host")
     return host
+
+
+def wait_for_listener(host: str, port: int, timeout_s: float, what: str) -> None:
+    """Return once ``host:port`` accepts connections, polling every 20 ms; after
+    ``timeout_s``, a :class:`ClusterError` saying that ``what`` did not answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what} did not answer within {timeout_s:.0f} s") from None
+            time.sleep(0.02)

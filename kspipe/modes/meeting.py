@@ -19,14 +19,13 @@ way.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import paddle.distributed.fleet as fleet
 from paddle.base import core
 
+from kspipe.endpoints import wait_for_listener
 from kspipe.errors import ClusterError
 
 #: How long a process waits for server 0's address book, and for its world to meet.
@@ -108,15 +107,6 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
     return gloo
 
 
-def wait_for(host: str, port: int, timeout_s: float = MEET_TIMEOUT_S) -> None:
+def wait_for(host: str, port: int) -> None:
     """Return once the address book at ``host:port`` accepts connections."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the job's gloo meeting point {host}:{port} did not "
-                                   f"answer within {timeout_s:.0f} s") from None
-            time.sleep(0.02)
+    wait_for_listener(host, port, MEET_TIMEOUT_S, f"the job's gloo meeting point {host}:{port}")

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from kspipe.errors import ClusterError, ConfigError
+from kspipe.errors import ConfigError
 from kspipe.incremental import PERSISTABLES  # save_persistables' files: persistables.pd*
 from kspipe.modes.role import Role, write_vars
 from kspipe.openks.optimizers import (AsyncStrategy, CollectiveStrategy,
@@ -316,18 +316,8 @@ def numpy_dtype(dtype) -> str:
 def wait_for_servers(endpoints, timeout_s: float = 600.0) -> None:
     """Return once every server accepts connections (fleet's launch barrier, without its
     3-second naps)."""
-    import socket
-    import time
+    from kspipe.endpoints import wait_for_listener
 
-    deadline = time.monotonic() + timeout_s
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
-        while True:
-            try:
-                socket.create_connection((host, int(port)), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"server {endpoint} did not start within "
-                                       f"{timeout_s:.0f} s") from None
-                time.sleep(0.05)
+        wait_for_listener(host, int(port), timeout_s, f"server {endpoint}")
