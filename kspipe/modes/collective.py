@@ -17,8 +17,8 @@ ring 0), as Paddle's RawProgramOptimizer writes them:
   and zeros), so all start from the same model.
 
 On CPU the ops' kernels run over gloo (:func:`kspipe.modes.meeting.gloo_context`, worker 0
-serves the meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` + ``c_comm_init``
-set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot be used on CPU:
+serves the meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` +
+``c_comm_init`` set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot be used on CPU:
 it fails setting up the communicator, ``c_gen_nccl_id`` / comm_id.)
 """
 
