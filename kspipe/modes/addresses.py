@@ -39,7 +39,10 @@ class Pages(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         with self.server.lock:
             value = self.server.values.get(self.path)
-        self.answer(404) if value is None else self.answer(200, value)
+        if value is None:
+            self.answer(404)
+        else:
+            self.answer(200, value)
 
     def do_DELETE(self):  # a member done with its key: the others may still need it
         self.answer(200)
