@@ -17,6 +17,12 @@ import os
 from kspipe.errors import ConfigError, KspipeError, first_line
 from kspipe.files import user_path
 
+# MLflow 3 reports its use to MLflow's servers from a thread and writes an id of its own in
+# ~/.config/mlflow, both from its import on: a training job does neither unasked (a user
+# who wants it sets MLFLOW_DISABLE_TELEMETRY=false).  kspipe's modules that import MLflow
+# import this one first (tracking and sweep_runs; serving is imported after them).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 
 def tracking_uri(cfg) -> str:
     uri = cfg.tracking.uri or "sqlite:///mlflow.db"
