@@ -5,6 +5,21 @@ import pytest
 os.environ.setdefault("GLOG_minloglevel", "2")
 os.environ.setdefault("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", "1")
 
+#: The suite runs on two processes (pytest-xdist, ``--dist loadgroup``), a test file whole
+#: on one of them, so its module fixtures are made once.  The files that share a session
+#: fixture of tests/modes/conftest.py or the one local Slurm (two on one host break each
+#: other) run on the same process, in one group.
+SHARED = {"modes": {"test_slurm.py", "test_launchers.py", "test_preemption.py",
+                    "test_scheduled_roles.py", "test_embedding_tables.py"}}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        group = next((name for name, files in SHARED.items() if item.path.name in files),
+                     item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
