@@ -62,6 +62,8 @@ class Layout:
         starts = [start + part for start, end in self.slices(size)
                   for part in part_starts(end - start)]
         self.counts = np.array([[at + w for at in starts] for w in range(workers)])
+        #: the part (a column of ``counts``) that each value of the table lies in
+        self.part_of = np.searchsorted(np.array(starts), np.arange(size), side="right") - 1
         free = np.ones(size, bool)
         free[self.counts.ravel()] = False
         self.weights = np.flatnonzero(free)[:weights]
@@ -159,10 +161,11 @@ class ParameterExchange:
         self.tables = get_the_one_recv_context(runtime.context, split_dense_table=False)
         return self.get()
 
-    def push(self, grads: dict, worker: int, pushed: int, wait: bool = False) -> None:
+    def push(self, grads: dict, worker: int, pushed: int, wait: bool = False) -> np.ndarray:
         """The servers do ``theta -= grads`` when the push arrives (within a few ms), and
         count it as ``worker``'s push number ``pushed + 1``; with ``wait``, return once
-        it is applied (``client_flush``: at least 100 ms)."""
+        it is applied (``client_flush``: at least 100 ms).  Returns the push as a change
+        of the whole table (the counts' places included)."""
         change = self.layout.join(grads, np.zeros(self.layout.size, np.float32))
         before, after = pushed % WRAP, (pushed + 1) % WRAP
         change[self.layout.counts[worker]] = before - after  # theta -= g: the count goes up
@@ -171,16 +174,27 @@ class ParameterExchange:
             sender.run(self.scope, self.place)
         if wait:
             self.flush()
+        return change
 
     def flush(self) -> None:
         """Wait until the servers have applied every push of this worker."""
         self.runtime._worker.client_flush()
 
-    def behind(self, worker: int, pushed: int) -> int:
-        """How many of ``worker``'s ``pushed`` pushes some part of some server had not
-        begun to apply at the last pull."""
-        counts = self.flat()[self.layout.counts[worker]].astype(np.int64)
-        return int(np.max((pushed - counts) % WRAP))
+    def with_own(self, worker: int, pushes: list) -> tuple:
+        """The table as last pulled, with ``worker``'s ``pushes`` (``[(number, change)]``,
+        oldest first) added where a part's server had not begun to apply them, and how
+        many of them, from the oldest, every part had begun.  Every value then holds all
+        of the worker's pushes but one at most (the one a part's server was applying)."""
+        flat = self.flat()
+        counts = flat[self.layout.counts[worker]].astype(np.int64)
+        begun_everywhere = 0
+        for i, (number, change) in enumerate(pushes):
+            missing = (counts - number) % WRAP >= WRAP // 2  # this part's count is below
+            if missing.any():
+                flat -= change * missing[self.layout.part_of]  # theta -= g, where not begun
+            elif begun_everywhere == i:
+                begun_everywhere += 1
+        return flat, begun_everywhere
 
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""

@@ -15,13 +15,14 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
   1 to.  So a pull tells a worker how many of its own pushes the values hold.
 * :class:`StrategyExchange` is the strategies over it.  After each local update:
 
-  - ``async``: the worker pushes the change it made since it last took the servers'
-    parameters and pulls them back.  Workers never wait for each other; a worker's pull
-    holds all its own pushes but at most the last two, and it pulls again until it does
-    (``cluster.wait_push=true``: all of them, ``client_flush``, >= 100 ms a step).
-    Paddle's client queues up to 14 pushes, and on a loaded host a worker that stepped
-    from values missing its last dozen pushes overshot by as many steps (a test R2 of
-    0.59 where 0.95 is usual);
+  - ``async``: the worker pushes the change of its step and pulls the servers'
+    parameters once.  Workers never wait for each other.  Paddle's client queues up to
+    14 pushes, and on a loaded host a worker that stepped from values missing its last
+    dozen pushes overshot by as many steps (a test R2 of 0.59 where 0.95 is usual); so
+    the worker keeps each push until every part of every server has begun to apply it,
+    and adds it back where a part had not: it goes on from values that hold all its own
+    pushes but one at most (``cluster.wait_push=true``: all of them, ``client_flush``,
+    >= 100 ms a step);
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
     ``theta - sum / workers``, and the first worker writes it to the servers, which
@@ -87,6 +88,9 @@ class StrategyExchange(ParameterSync):
         self.summing = None  # sync and geo: the workers' changes summed (WorkerSum)
         self.steps = 0  # updates since the last exchange
         self.pushed = 0  # async: this worker's pushes so far
+        self.unapplied: list = []  # async: [(push number, change)] not begun everywhere
+        self.unapplied_since = 0.0  # since when the oldest of them is waited for
+        self.view = None  # async: the parameters this worker went on from
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -117,30 +121,44 @@ class StrategyExchange(ParameterSync):
             self._round(scope, current)
 
     def _push_pull(self, scope, current: dict) -> None:
-        last = self.exchange.get()
+        """Push this step's change, pull once, and go on from the servers' parameters with
+        this worker's pushes that a part's server had not begun to apply added back."""
+        worker = self.role.worker_index()
+        view = self.view if self.view is not None else self.exchange.get()
         with self.timed("push"):
-            self.exchange.push({n: last[n] - current[n] for n in self.names},
-                               self.role.worker_index(), self.pushed, wait=self.wait_push)
+            change = self.exchange.push({n: view[n] - current[n] for n in self.names},
+                                        worker, self.pushed, wait=self.wait_push)
             self.pushed += 1
+            if not self.unapplied:
+                self.unapplied_since = time.monotonic()
+            self.unapplied.append((self.pushed, change))
         with self.timed("pull"):
-            write_vars(scope, self._pull_bounded())
+            self.exchange.pull()
+            flat, begun = self.exchange.with_own(worker, self.unapplied)
+            self.view = self.exchange.layout.split(flat)
+            self._forget(begun)
+        write_vars(scope, self.view)
         self.steps = 0
 
-    def _pull_bounded(self) -> dict:
-        """The servers' parameters, pulled until every part of every server had begun to
-        apply this worker's last push but one: every value holds all its pushes but at
-        most the last two (Paddle's client may otherwise queue 14)."""
-        worker, deadline = self.role.worker_index(), time.monotonic() + PUSH_TIMEOUT_S
-        while True:
-            values = self.exchange.pull()
-            behind = self.exchange.behind(worker, self.pushed)
-            if behind <= 1:
-                return values
-            if time.monotonic() > deadline:
-                raise ClusterError(f"worker {worker}: the servers have not applied its push "
-                                   f"{self.pushed - behind + 1} of {self.pushed} within "
-                                   f"{PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
-                                   f"stalled)")
+    def _flush(self) -> None:
+        """async: wait until the servers have applied every push of this worker; the
+        servers' parameters are then all there is to go on from."""
+        self.exchange.flush()
+        self.unapplied, self.view = [], None
+
+    def _forget(self, begun: int) -> None:
+        """Drop the oldest ``begun`` pushes, which every part's server has begun to apply.
+        A push still missing somewhere :data:`PUSH_TIMEOUT_S` after it was made, or after
+        the one before it was begun everywhere, was lost (or a server stalled)."""
+        now = time.monotonic()
+        if begun:
+            del self.unapplied[:begun]
+            self.unapplied_since = now
+        elif now - self.unapplied_since > PUSH_TIMEOUT_S:
+            raise ClusterError(f"worker {self.role.worker_index()}: the servers have not "
+                               f"applied its push {self.unapplied[0][0]} of {self.pushed} "
+                               f"within {PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
+                               f"stalled)")
 
     def _round(self, scope, current: dict) -> None:
         """Every worker's change since the last round, summed in a fixed order; theta moves
@@ -171,7 +189,7 @@ class StrategyExchange(ParameterSync):
         if self.exchange.runtime is None:
             return
         if self.strategy == "async":
-            self.exchange.flush()
+            self._flush()
         elif self.strategy == "geo":  # every worker joins the last round, steps or none
             self._round(scope, read_vars(scope, self.names))
         self.role.barrier_worker()
@@ -184,7 +202,7 @@ class StrategyExchange(ParameterSync):
         first worker does, alone, before it saves
         (:class:`kspipe.openks.GeneralDistributedOptimizer`)."""
         if self.exchange.runtime is not None and self.strategy == "async":
-            self.exchange.flush()
+            self._flush()
             write_vars(scope, self.exchange.pull())
 
     def settle(self) -> None:
@@ -201,7 +219,7 @@ class StrategyExchange(ParameterSync):
         if self.exchange.runtime is None:
             return
         if self.strategy == "async":
-            self.exchange.flush()
+            self._flush()
             self.role.barrier_worker()
             write_vars(self.scope, self.exchange.pull())
         elif self.strategy == "geo":  # every worker joins, steps since the last or none
