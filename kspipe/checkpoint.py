@@ -26,6 +26,7 @@ from kspipe.errors import ConfigError, first_line
 from kspipe.files import user_path
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
+UNFINISHED = ".tmp"  # a checkpoint being written
 
 
 def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
@@ -41,15 +42,19 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
     from omegaconf import OmegaConf
 
     final = os.path.join(folder, f"checkpoint-{step:07d}")
-    tmp = final + ".tmp"
+    tmp = final + UNFINISHED
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    write_state(program, scope, os.path.join(tmp, "state"))
-    with open(os.path.join(tmp, "progress.json"), "w") as f:
-        json.dump(progress, f)
-    OmegaConf.save(cfg, os.path.join(tmp, "config.yaml"), resolve=True)
-    if tables is not None:
-        tables(os.path.join(tmp, TABLES))
+    try:
+        write_state(program, scope, os.path.join(tmp, "state"))
+        with open(os.path.join(tmp, "progress.json"), "w") as f:
+            json.dump(progress, f)
+        OmegaConf.save(cfg, os.path.join(tmp, "config.yaml"), resolve=True)
+        if tables is not None:
+            tables(os.path.join(tmp, TABLES))
+    except BaseException:  # a stop request or an error mid-write: nothing half-written
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     for old in sorted(checkpoints(folder))[:-keep]:
@@ -181,7 +186,16 @@ def checkpoints(folder: str) -> list[str]:
     if not os.path.isdir(folder):
         return []
     return [os.path.join(folder, n) for n in os.listdir(folder)
-            if n.startswith("checkpoint-") and not n.endswith(".tmp")]
+            if n.startswith("checkpoint-") and not n.endswith(UNFINISHED)]
+
+
+def discard_unfinished(run_dir: str) -> None:
+    """Remove the checkpoints that were being written anywhere in ``run_dir`` (a process
+    killed mid-write leaves one; the complete ones are untouched)."""
+    for folder, names, _ in os.walk(run_dir):
+        for name in [n for n in names if n.startswith("checkpoint-") and n.endswith(UNFINISHED)]:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            names.remove(name)
 
 
 def latest(path: str, key: str = "resume") -> str:

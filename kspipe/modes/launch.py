@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
+from kspipe import checkpoint
 from kspipe.errors import ClusterError
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
 CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
+#: The exit of a process killed by SIGKILL (itself, or under srun, which exits 128 + 9).
+KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
 class Launcher:
@@ -135,13 +138,20 @@ class Cluster:
         A process that stops on a one-line error of its own (bad config or data: its log's
         ``kspipe: error:`` line) takes its peers down with it, and one of them may exit
         first (its connection to it broke).  So the others get a moment to exit by
-        themselves, and a process that did with such a line is the one named.
+        themselves, and a process that did with such a line is the one named, unless one
+        was killed (SIGKILL: the OOM killer, a user, a scheduler), which nothing in a job
+        does to its own processes before they are stopped: its peers' lines then only say
+        that it left.
         """
         deadline = time.monotonic() + CAUSE_GRACE_S
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.processes):
             time.sleep(0.05)
         exited = [p for p in self.processes if p.popen.poll() not in (None, 0)]
         self.stop()
+        for p in exited:
+            if p.popen.returncode in KILLED:
+                return ClusterError(f"{p.name} {_describe_exit(p.popen.returncode)}; its log: "
+                                    f"{p.log}{_last_line(p.log)}")
         for p in exited:
             message = error_line(p.log)
             if message:
@@ -271,6 +281,8 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,
     except BaseException as err:
         if link:
             link.close(failure=why_stopped(err))
+        cluster.stop()
+        checkpoint.discard_unfinished(run_dir)  # a process stopped or killed mid-write
         raise
     finally:
         cluster.stop()

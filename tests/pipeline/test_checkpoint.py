@@ -1,14 +1,17 @@
-"""Checkpoints describe themselves: each folder holds the resolved config that produced it."""
+"""Checkpoints describe themselves: each folder holds the resolved config that produced it.
+A write that stops halfway (an error, a stop request) leaves nothing half-written, and a
+launcher removes what a killed process left."""
 
 import os
 
+import pytest
 from omegaconf import OmegaConf
 
 from kspipe import checkpoint
 from kspipe.testing import compose_config
 
 
-def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):
+def small_learner(tmp_path):
     import paddle
 
     from kspipe.reptile.learner import ReptileLearner
@@ -21,6 +24,11 @@ def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):
     learner = ReptileLearner(cfg, None, programs, paddle.static.Executor(paddle.CPUPlace()),
                              paddle.static.Scope(), reporter=None)
     learner.initialize()
+    return learner
+
+
+def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):
+    learner = small_learner(tmp_path)
     folder = tmp_path / "run" / "checkpoints"
     learner.save_checkpoint(str(folder), 1)
     path = learner.save_checkpoint(str(folder), 2)
@@ -30,3 +38,30 @@ def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):
     assert saved.seed == 7 and saved.task.ways == 3 and saved.run_dir == str(tmp_path / "run")
     assert saved.stages.compile == "reptile"  # resolved: no ${...} left
     assert checkpoint.latest(str(tmp_path / "run")) == path
+
+
+def test_a_write_that_stops_halfway_leaves_the_last_checkpoint_alone(tmp_path):
+    learner = small_learner(tmp_path)
+    folder = tmp_path / "run" / "checkpoints"
+    learner.save_checkpoint(str(folder), 1)
+
+    def interrupted(path):  # the servers' tables, when the stop request comes
+        os.makedirs(path)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(learner.p.train, learner.scope, str(folder), 2, {}, 3, learner.cfg,
+                        tables=interrupted)
+    assert os.listdir(folder) == ["checkpoint-0000001"]
+
+
+def test_a_launcher_discards_the_checkpoints_its_killed_processes_were_writing(tmp_path):
+    for path in ["checkpoints/checkpoint-0000004/state.pdparams",
+                 "checkpoints/checkpoint-0000008.tmp/state.pdparams",
+                 "checkpoints/worker-1/checkpoint-0000008.tmp/progress.json",
+                 "logs/worker.0.log"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    checkpoint.discard_unfinished(str(tmp_path))
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["checkpoints/checkpoint-0000004/state.pdparams", "logs/worker.0.log"]
