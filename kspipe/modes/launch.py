@@ -148,16 +148,14 @@ class Cluster:
             time.sleep(0.05)
         exited = [p for p in self.processes if p.popen.poll() not in (None, 0)]
         self.stop()
-        for p in exited:
-            if p.popen.returncode in KILLED:
-                return ClusterError(f"{p.name} {_describe_exit(p.popen.returncode)}; its log: "
-                                    f"{p.log}{_last_line(p.log)}")
+        killed = [p for p in exited if p.popen.returncode in KILLED]
+        if killed:
+            return _exit_error(killed[0], killed[0].popen.returncode)
         for p in exited:
             message = error_line(p.log)
             if message:
                 return ClusterError(f"{p.name}: {message} (its log: {p.log})")
-        return ClusterError(f"{failed.name} {_describe_exit(code)}; its log: {failed.log}"
-                            f"{_last_line(failed.log)}")
+        return _exit_error(failed, code)
 
     def _finish_servers(self, grace_s: float = 30.0) -> None:
         """Servers stop when the first worker asks them to; wait, then make sure."""
@@ -218,6 +216,12 @@ def _copy_output(stream, log, echo: bool) -> None:
             if echo is True and ECHOED.match(line) or echo == "all":
                 sys.stderr.write(line)
                 sys.stderr.flush()
+
+
+def _exit_error(process, code: int) -> ClusterError:
+    """A process's exit as the job's error, with its log's last error line."""
+    return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}"
+                        f"{_last_line(process.log)}")
 
 
 def _describe_exit(code: int) -> str:
