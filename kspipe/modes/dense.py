@@ -180,11 +180,12 @@ class ParameterExchange:
         """Wait until the servers have applied every push of this worker."""
         self.runtime._worker.client_flush()
 
-    def with_own(self, worker: int, pushes: list) -> tuple:
-        """The table as last pulled, with ``worker``'s ``pushes`` (``[(number, change)]``,
+    def pull_own(self, worker: int, pushes: list) -> tuple:
+        """The servers' parameters, with ``worker``'s ``pushes`` (``[(number, change)]``,
         oldest first) added where a part's server had not begun to apply them, and how
         many of them, from the oldest, every part had begun.  Every value then holds all
         of the worker's pushes but one at most (the one a part's server was applying)."""
+        self._pull_tables()
         flat = self.flat()
         counts = flat[self.layout.counts[worker]].astype(np.int64)
         begun_everywhere = 0
@@ -194,7 +195,7 @@ class ParameterExchange:
                 flat -= change * missing[self.layout.part_of]  # theta -= g, where not begun
             elif begun_everywhere == i:
                 begun_everywhere += 1
-        return flat, begun_everywhere
+        return self.layout.split(flat), begun_everywhere
 
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
@@ -204,9 +205,12 @@ class ParameterExchange:
 
     def pull(self) -> dict:
         """The servers' parameters."""
+        self._pull_tables()
+        return self.get()
+
+    def _pull_tables(self) -> None:
         for table_id, names in self.tables.items():
             self.runtime._worker.pull_dense_params(self.scope, table_id, names)
-        return self.get()
 
     def get(self) -> dict:
         """The parameters as last pulled (or written)."""

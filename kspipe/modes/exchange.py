@@ -133,9 +133,7 @@ class StrategyExchange(ParameterSync):
                 self.unapplied_since = time.monotonic()
             self.unapplied.append((self.pushed, change))
         with self.timed("pull"):
-            self.exchange.pull()
-            flat, begun = self.exchange.with_own(worker, self.unapplied)
-            self.view = self.exchange.layout.split(flat)
+            self.view, begun = self.exchange.pull_own(worker, self.unapplied)
             self._forget(begun)
         write_vars(scope, self.view)
         self.steps = 0
