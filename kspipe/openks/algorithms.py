@@ -145,6 +145,10 @@ class BaseDistributedAlgorithm:
         self.role.all_reduce_worker(input, output, "sum")
 
     def barrier_workers(self) -> None:
+        """Wait for every worker.  In a parameter-server job every worker then holds the
+        job's one model (async: each its last pull before; geo: its own local steps)."""
+        if self._optimizer is not None:
+            self._optimizer.settle_parameters()
         self.role.barrier_worker()
 
     def init_worker(self) -> None:

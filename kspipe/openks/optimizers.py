@@ -89,6 +89,10 @@ class BaseDistributedOptimizer:
         """Take the job's current parameters into ``scope`` mid-training (before a save).
         Here (collective, or one process): nothing to take, the worker's scope holds them."""
 
+    def settle_parameters(self) -> None:
+        """Every worker at once: each worker's scope then holds the job's one model.
+        Here (collective, or one process): they do already."""
+
 
 class GeneralDistributedOptimizer(BaseDistributedOptimizer):
     """Parameter-server training of a script's program (sync, async or geo).
@@ -118,6 +122,13 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
         if exchange is not None:
             exchange.refresh(scope)
 
+    def settle_parameters(self) -> None:
+        """Every worker at once: async, each worker's pushes in and the servers'
+        parameters pulled; geo, a round of everyone's local steps; sync, nothing left."""
+        exchange = getattr(self._distributed, "sync", None)
+        if exchange is not None:
+            exchange.settle()
+
 
 class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
     """Collective training of a script's program (the seed's NCCL2 path).
@@ -133,6 +144,7 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
         super().__init__(optimizer, strategy or CollectiveStrategy(), algorithm)
         self.compiled_program = None
         self._params_grads = []
+        self._averaging = None  # local_sgd: the parameters' average over the workers
 
     def apply_gradients(self, params_grads):
         import os
@@ -148,6 +160,11 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
             raise ConfigError(f"CollectiveStrategy.mode must be gradient_allreduce or local_sgd, "
                               f"not {strategy.mode!r}")
         return self._local_sgd(params_grads)
+
+    def settle_parameters(self) -> None:
+        """local_sgd: the workers' local steps since the last average are averaged now."""
+        if self._averaging is not None:
+            self._averaging.step()
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         import paddle
@@ -183,6 +200,7 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
         role, strategy = self._algorithm._mode_role(), self._strategy
         ops = self._inner.apply_gradients(params_grads)
         sync = role.parameter_sync({p.name: list(p.shape) for p, _ in params_grads})
+        self._averaging = sync
         names = [p.name for p, _ in params_grads]
         steps = [0]
 
