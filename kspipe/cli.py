@@ -17,7 +17,12 @@ from omegaconf import open_dict  # noqa: E402
 
 from kspipe import stopping  # noqa: E402
 from kspipe.errors import KspipeError, print_error  # noqa: E402
+from kspipe.job import role_from_environment  # noqa: E402
+from kspipe.modes.plan import share_cores  # noqa: E402
 from kspipe.schema import register_schemas  # noqa: E402
+
+if role_from_environment("pserver") or role_from_environment("collective"):
+    share_cores(os.environ)  # a role a scheduler started, before Paddle loads OpenMP
 
 
 def main() -> None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from kspipe.modes.plan import share_cores
+
 os.environ.setdefault("GLOG_minloglevel", "2")
+share_cores(os.environ)  # before Paddle loads OpenMP, whoever started this role
 
 
 def main(argv: list[str]) -> int:

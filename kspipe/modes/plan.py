@@ -19,6 +19,20 @@ from kspipe.files import WORKDIR_ENV, workdir
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
+#: What every process of a job gets unless the user set it.  A job's processes share their
+#: host's cores, and OpenMP's threads (Paddle's Intel runtime) wait ``KMP_BLOCKTIME`` ms
+#: for more work after each parallel region: its default, 200, has them spin, yielding,
+#: between every step, taking the CPU from the servers (one worker with 2 threads beside a
+#: server on 2 cores: ~400,000 yields a second; the classifier plugin's async rate, median
+#: of 6 runs, 14,384 samples/s against 19,710 with 0: BENCHMARKS.md).
+SHARED_CORES_ENV = {"KMP_BLOCKTIME": "0"}
+
+
+def share_cores(environ) -> None:
+    """Set :data:`SHARED_CORES_ENV` in ``environ`` where the user has not."""
+    for name, value in SHARED_CORES_ENV.items():
+        environ.setdefault(name, value)
+
 
 @dataclass
 class Planned:
@@ -42,7 +56,8 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     several).  Each process gets Paddle's environment contract (``TRAINING_ROLE``,
     ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...), so a scheduler that sets the
     same variables can start the roles without kspipe, and ``OMP_NUM_THREADS`` so this
-    host's workers share its cores (``threads`` each, default cores / local workers).
+    host's workers share its cores (``threads`` each, default cores / local workers), and
+    :data:`SHARED_CORES_ENV`.
     The ports of this host's processes are checked free.  With ``every_host``, the plan
     holds every host's processes (a scheduler starts each on its host).
     """
@@ -65,6 +80,7 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     base = dict(os.environ, GLOG_minloglevel="2", **{WORKDIR_ENV: workdir()},
                 PADDLE_TRAINER_ENDPOINTS=",".join(worker_eps),
                 PADDLE_TRAINERS_NUM=str(len(worker_eps)))
+    share_cores(base)
     if kind == "pserver":
         base.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
                     PADDLE_PSERVER_NUMS=str(len(server_eps)),

@@ -253,3 +253,29 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
     for name, value in launched.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
+
+
+def test_every_role_shares_its_hosts_cores_however_it_was_started(monkeypatch):
+    """A job's processes get KMP_BLOCKTIME=0 (OpenMP's threads do not spin between steps,
+    taking the cores from the job's other processes) from kspipe's plan, and set it
+    themselves when a scheduler started them; the user's own value stands.  A kspipe
+    command that is not a role of a job leaves it alone."""
+    from kspipe.modes.plan import launch_plan
+
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    assert {p.env["KMP_BLOCKTIME"] for p in launch_plan("pserver", 2, 1, threads=1)} == {"0"}
+    monkeypatch.setenv("KMP_BLOCKTIME", "30")
+    assert {p.env["KMP_BLOCKTIME"] for p in launch_plan("collective", 2)} == {"30"}
+
+    def seen(module, **env):
+        base = {k: v for k, v in os.environ.items()
+                if k != "KMP_BLOCKTIME" and not k.startswith(("PADDLE_", "TRAINING_"))}
+        code = f"import os, kspipe.{module}; print(os.environ.get('KMP_BLOCKTIME'))"
+        return subprocess.run([sys.executable, "-c", code], env=dict(base, **env),
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert seen("worker") == "0"
+    assert seen("cli", TRAINING_ROLE="TRAINER") == "0"
+    assert seen("cli", PADDLE_TRAINER_ID="1", PADDLE_TRAINER_ENDPOINTS="a:1,b:2") == "0"
+    assert seen("cli", TRAINING_ROLE="PSERVER", KMP_BLOCKTIME="30") == "30"
+    assert seen("cli") == "None"
