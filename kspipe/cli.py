@@ -51,6 +51,12 @@ def main() -> None:
         check_config(args, extra_dirs, schemas)
     except KspipeError as err:
         fail(err)
+    if asks_for_help(args):
+        try:
+            print(help_text(args, extra_dirs, schemas))
+        except KspipeError as err:
+            fail(err)
+        return
     if extra_dirs:
         args.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     args += search_direction(args)
@@ -76,6 +82,44 @@ def run_hydra(task, args: list[str]) -> None:
 #: most of a second).
 ANSWERS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve",
            "--shell-completion", "-sc"}
+
+
+USAGE = """\
+kspipe: a plugin-based pipeline for distributed PaddlePaddle training
+
+usage:
+  kspipe [overrides...]        run a job (key=value, group=option, +experiment=NAME)
+  kspipe -m [overrides...]     a sweep of it: one job per combination (key=a,b)
+  kspipe plugins               the installed plugins, and what each adds
+  kspipe datafeed --help       write and check MultiSlot files
+  kspipe --cfg job [...]       the job's config, composed, without running it
+  kspipe --hydra-help          Hydra's own flags
+"""
+
+
+def asks_for_help(args: list[str]) -> bool:
+    """``--help`` (or ``-h``) as ``@hydra.main`` reads the command line."""
+    read = hydra_arguments(args)
+    return bool(read and read[0].help)
+
+
+def help_text(args: list[str], extra_dirs: list[str], schemas: dict) -> str:
+    """kspipe's answer to ``--help``: how to run it, the experiments and modes, and the
+    config the other arguments compose (Hydra's own help lists every config group, its
+    schemas' included, in ~2 s)."""
+    from omegaconf import OmegaConf
+
+    from kspipe.config import compose
+
+    overrides, multirun = command_line_overrides([a for a in args if a not in ("-h", "--help")])
+    if multirun:
+        overrides = next(sweep_variants(overrides))
+    cfg = compose(overrides, extra_dirs, schemas)
+    experiments = ", ".join(sorted(available_experiments(extra_dirs)))
+    return (f"{USAGE}\nexperiments (+experiment=NAME): {experiments}\n"
+            f"modes (mode=NAME): local, pserver, collective\n\n"
+            f"== the config{' these overrides compose' if overrides else ''} ==\n"
+            f"{OmegaConf.to_yaml(cfg)}")
 
 
 def search_direction(args: list[str]) -> list[str]:

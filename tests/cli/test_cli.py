@@ -97,3 +97,20 @@ def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, cap
                                  *tiny_overrides(tmp_path, tiny_data), "tracking.enabled=false"])
     assert called.count("kspipe_describe_workload") == 1
     assert "kspipe: done: test_accuracy " in capsys.readouterr().out
+
+
+def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_path):
+    """``kspipe --help`` answers without running anything (no run folder, no store), with
+    the experiments to choose from and the config its other arguments compose; ``-m``
+    composes a sweep's first job; a bad value is the usual one line."""
+    result = run_kspipe("mode=pserver", "workers=3", "--help", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("kspipe: a plugin-based pipeline")
+    assert "omniglot_5way" in next(line for line in result.stdout.splitlines()
+                                   if line.startswith("experiments"))
+    assert "\nmode: pserver\nworkers: 3\n" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+    swept = run_kspipe("-m", "workers=2,4", "-h", cwd=tmp_path, timeout=120)
+    assert swept.returncode == 0 and "\nworkers: 2\n" in swept.stdout, swept.stderr
+    assert_one_line_error(run_kspipe("eval.tasks=many", "--help", cwd=tmp_path, timeout=120),
+                          "eval.tasks=many: must be an integer")

@@ -125,6 +125,13 @@ def test_an_installed_plugin_package_is_found_and_runs(tmp_path, tiny_data):
     listing = run_kspipe("plugins", cwd=tmp_path, env=env, timeout=120)
     shapes = [line for line in listing.stdout.splitlines() if line.startswith("shapes")]
     assert shapes and "kspipe-shapes 0.1.0" in shapes[0] and "kspipe_read_dataset" in shapes[0]
+    helped = run_kspipe("+experiment=shapes_5way", "shapes.classes=30", "--help", cwd=tmp_path,
+                        env=env, timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    experiments = next(line for line in helped.stdout.splitlines()
+                       if line.startswith("experiments"))
+    assert "shapes_5way" in experiments and "omniglot_5way" in experiments
+    assert "shapes:\n  classes: 30\n" in helped.stdout  # the plugin's schema, composed
     result = run_kspipe("+experiment=shapes_5way", f"run_dir={tmp_path / 'run'}",
                         f"tracking.uri={begun_store(tmp_path)}", "train.meta_iters=4",
                         "eval.tasks=3", "eval.interval=2", "shapes.classes=30", cwd=tmp_path,
