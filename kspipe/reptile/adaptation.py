@@ -9,6 +9,8 @@ request (:mod:`kspipe.reptile.serving`), and what meta-training
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from kspipe import checkpoint
@@ -55,6 +57,27 @@ class Adapter:
     def values(self, names) -> list:
         """The values of variables ``names`` in the scope, as numpy arrays."""
         return [np.array(self.scope.find_var(n).get_tensor()) for n in names]
+
+    def state(self) -> dict:
+        """Every persistable of the model held in the scope (theta, the optimiser's state),
+        as numpy arrays: what evaluating it depends on."""
+        names = sorted(checkpoint.held_names(self.p.train, self.scope))
+        return dict(zip(names, self.values(names)))
+
+    @contextlib.contextmanager
+    def holding(self, state: dict):
+        """The model is ``state`` (of :meth:`state`) within the block, as before after it."""
+        current = self.state()
+        self._take(state)
+        try:
+            yield
+        finally:
+            self._take(current)
+
+    def _take(self, state: dict) -> None:
+        for name, value in state.items():
+            self.lane.set(name, value)
+        self.run(self.p.save_theta)
 
     # --- inner loops ----------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The Reptile job on one worker: baseline, meta-training with its learning curve and
-checkpoints, final evaluation; or, with ``evaluate=``, the evaluation of a run's checkpoints.
+"""The Reptile job on one worker: meta-training with its learning curve and checkpoints,
+the final evaluation and the baseline's; or, with ``evaluate=``, the evaluation of a run's
+checkpoints.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STRE
 
 
 def train_and_evaluate(learner: ReptileLearner) -> dict:
-    """The whole Reptile job on this worker: baseline, meta-training with checkpoints,
-    final evaluation.
+    """The whole Reptile job on this worker: meta-training with checkpoints, the final
+    evaluation, then the baseline's (the model training started from).
 
     Worker w of W runs the global meta-iterations w, w+W, ...: round r is the
     meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
     at the end of the rounds that cross ``train.checkpoint_every`` and at the end; the
-    first worker measures the baseline and the learning curve and, once every worker
-    finished (``role.finish_training``), runs the final evaluation.  ``tasks_per_s`` is
+    first worker measures the learning curve and, once every worker finished
+    (``role.finish_training``), runs the final evaluation and the baseline's.  ``tasks_per_s`` is
     every worker's tasks over the wall-clock time of the training phase, waits, curve
     points and checkpoints included.
 
@@ -52,14 +53,11 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     start.load_tables(role)
     learner.run(learner.p.save_theta)
 
+    # the model training starts from, evaluated once training is done: no worker waits
+    # for it, and the first meta-iteration comes seconds after the command
+    untrained = learner.state() if first and start_iter == 0 and cfg.eval.baseline else None
     with stopping.deferred(enabled=workers == 1):
         metrics = {}
-        if first and start_iter == 0 and cfg.eval.baseline:
-            acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
-                                       "baseline")
-            metrics.update(baseline_test_accuracy=acc, baseline_test_accuracy_ci95=ci)
-            reporter.metrics({"baseline_test_accuracy": acc,
-                              "baseline_test_accuracy_ci95": ci}, 0)
         role.barrier_worker()  # the clock starts on every worker together
         started = time.perf_counter()
         trained, done = meta_train(learner, start_iter, ckpt_dir)
@@ -76,6 +74,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         if not first:
             return metrics
         metrics.update(final_evaluation(learner))
+        if untrained is not None:
+            metrics.update(baseline_evaluation(learner, untrained))
     if cfg.eval.interval:
         metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
                         "curve/test_accuracy": metrics["test_accuracy"]})
@@ -177,6 +177,19 @@ def evaluate_checkpoints(learner: ReptileLearner, source: str) -> dict:
         metrics["curve/test_accuracy"] = metrics["test_accuracy"]
     metrics["evaluated_meta_iteration"] = iteration
     reporter.metrics(metrics, iteration)
+    return metrics
+
+
+def baseline_evaluation(learner: ReptileLearner, untrained: dict) -> dict:
+    """The final evaluation's test accuracy of the model as training found it
+    (``untrained``, of :meth:`~kspipe.reptile.adaptation.Adapter.state`: the initial
+    model, or ``init_from``'s), recorded at meta-iteration 0."""
+    cfg = learner.cfg
+    with learner.holding(untrained):
+        acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
+                                   "baseline")
+    metrics = {"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}
+    learner.reporter.metrics(metrics, 0)
     return metrics
 
 
