@@ -53,10 +53,12 @@ def main() -> None:
         fail(err)
     if asks_for_help(args):
         try:
-            print(help_text(args, extra_dirs, schemas))
+            text = help_text(args, extra_dirs, schemas)
         except KspipeError as err:
             fail(err)
-        return
+        if text is not None:
+            print(text)
+            return
     if extra_dirs:
         args.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     args += search_direction(args)
@@ -103,15 +105,19 @@ def asks_for_help(args: list[str]) -> bool:
     return bool(read and read[0].help)
 
 
-def help_text(args: list[str], extra_dirs: list[str], schemas: dict) -> str:
+def help_text(args: list[str], extra_dirs: list[str], schemas: dict) -> str | None:
     """kspipe's answer to ``--help``: how to run it, the experiments and modes, and the
     config the other arguments compose (Hydra's own help lists every config group, its
-    schemas' included, in ~2 s)."""
+    schemas' included, in ~2 s).  None where another of Hydra's flags (``--info``,
+    ``--config-dir`` ...) asks Hydra to answer."""
     from omegaconf import OmegaConf
 
     from kspipe.config import compose
 
-    overrides, multirun = command_line_overrides([a for a in args if a not in ("-h", "--help")])
+    given = command_line_overrides([a for a in args if a not in ("-h", "--help")])
+    if given is None:
+        return None
+    overrides, multirun = given
     if multirun:
         overrides = next(sweep_variants(overrides))
     cfg = compose(overrides, extra_dirs, schemas)

@@ -102,7 +102,8 @@ def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, cap
 def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_path):
     """``kspipe --help`` answers without running anything (no run folder, no store), with
     the experiments to choose from and the config its other arguments compose; ``-m``
-    composes a sweep's first job; a bad value is the usual one line."""
+    composes a sweep's first job; a bad value is the usual one line; with another of
+    Hydra's flags, Hydra's help."""
     result = run_kspipe("mode=pserver", "workers=3", "--help", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("kspipe: a plugin-based pipeline")
@@ -114,3 +115,5 @@ def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_pat
     assert swept.returncode == 0 and "\nworkers: 2\n" in swept.stdout, swept.stderr
     assert_one_line_error(run_kspipe("eval.tasks=many", "--help", cwd=tmp_path, timeout=120),
                           "eval.tasks=many: must be an integer")
+    hydras = run_kspipe("--help", "--info", cwd=tmp_path, timeout=120)  # Hydra answers
+    assert hydras.returncode == 0 and "Hydra" in hydras.stdout, hydras.stderr
