@@ -29,7 +29,7 @@ def main() -> None:
     """Console entry point: the checks, then Hydra runs the job (or each job of a sweep)
     as :class:`Jobs` says.  A sweep whose jobs failed exits non-zero from its callback
     (:class:`kspipe.observers.sweep.SweepCallback`)."""
-    from kspipe.plugin_manager import get_plugin_manager, plugin_schemas
+    from kspipe.plugin_manager import get_plugin_manager, implementers, plugin_schemas
 
     args = sys.argv[1:]
     if args and args[0] == "plugins":
@@ -53,7 +53,7 @@ def main() -> None:
         fail(err)
     if asks_for_help(args):
         try:
-            text = help_text(args, extra_dirs, schemas)
+            text = help_text(args, extra_dirs, schemas, implementers(pm, "role"))
         except KspipeError as err:
             fail(err)
         if text is not None:
@@ -105,11 +105,13 @@ def asks_for_help(args: list[str]) -> bool:
     return bool(read and read[0].help)
 
 
-def help_text(args: list[str], extra_dirs: list[str], schemas: dict) -> str | None:
-    """kspipe's answer to ``--help``: how to run it, the experiments and modes, and the
-    config the other arguments compose (Hydra's own help lists every config group, its
-    schemas' included, in ~2 s).  None where another of Hydra's flags (``--info``,
-    ``--config-dir`` ...) asks Hydra to answer."""
+def help_text(args: list[str], extra_dirs: list[str], schemas: dict,
+              modes: list[str]) -> str | None:
+    """kspipe's answer to ``--help``: how to run it, the experiments, the ``modes`` (the
+    plugins that play a job's role, installed ones included) and the config the other
+    arguments compose (Hydra's own help lists every config group, its schemas' included,
+    in ~2 s).  None where another of Hydra's flags (``--info``, ``--config-dir`` ...) asks
+    Hydra to answer."""
     from omegaconf import OmegaConf
 
     from kspipe.config import compose
@@ -123,7 +125,7 @@ def help_text(args: list[str], extra_dirs: list[str], schemas: dict) -> str | No
     cfg = compose(overrides, extra_dirs, schemas)
     experiments = ", ".join(sorted(available_experiments(extra_dirs)))
     return (f"{USAGE}\nexperiments (+experiment=NAME): {experiments}\n"
-            f"modes (mode=NAME): local, pserver, collective\n\n"
+            f"modes (mode=NAME): {', '.join(modes)}\n\n"
             f"== the config{' these overrides compose' if overrides else ''} ==\n"
             f"{OmegaConf.to_yaml(cfg)}")
 

@@ -109,6 +109,7 @@ def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_pat
     assert result.stdout.startswith("kspipe: a plugin-based pipeline")
     assert "omniglot_5way" in next(line for line in result.stdout.splitlines()
                                    if line.startswith("experiments"))
+    assert "\nmodes (mode=NAME): collective, local, pserver\n" in result.stdout
     assert "\nmode: pserver\nworkers: 3\n" in result.stdout
     assert list(tmp_path.iterdir()) == []
     swept = run_kspipe("-m", "workers=2,4", "-h", cwd=tmp_path, timeout=120)
