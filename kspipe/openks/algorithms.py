@@ -145,8 +145,9 @@ class BaseDistributedAlgorithm:
         self.role.all_reduce_worker(input, output, "sum")
 
     def barrier_workers(self) -> None:
-        """Wait for every worker.  In a parameter-server job every worker then holds the
-        job's one model (async: each its last pull before; geo: its own local steps)."""
+        """Wait for every worker, each then holding the job's one model (without the
+        settling, an async worker holds its own last pull, a geo or local_sgd one its
+        own steps since the last exchange)."""
         if self._optimizer is not None:
             self._optimizer.settle_parameters()
         self.role.barrier_worker()

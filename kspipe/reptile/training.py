@@ -28,9 +28,9 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
     at the end of the rounds that cross ``train.checkpoint_every`` and at the end; the
     first worker measures the learning curve and, once every worker finished
-    (``role.finish_training``), runs the final evaluation and the baseline's.  ``tasks_per_s`` is
-    every worker's tasks over the wall-clock time of the training phase, waits, curve
-    points and checkpoints included.
+    (``role.finish_training``), runs the final evaluation and the baseline's.
+    ``tasks_per_s`` is every worker's tasks over the wall-clock time of the training
+    phase, waits, curve points and checkpoints included.
 
     In one process a stop request (SIGTERM, Ctrl-C) waits for the meta-iteration under way,
     writes a checkpoint and then stops; ``resume=`` continues from it.
