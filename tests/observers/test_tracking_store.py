@@ -1,10 +1,13 @@
 """The MLflow store: jobs started together on one new SQLite store all finish and are all
-recorded (one of them creates the store, under a lock), and a store that cannot be opened
-is one line before anything runs."""
+recorded (one of them creates the store, under a lock), a store that cannot be opened
+is one line before anything runs, and a job killed outright leaves no run RUNNING."""
 
 import os
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -82,3 +85,40 @@ def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
     with pytest.raises(ConfigError, match="cannot open the MLflow store"):
         sweep_runs.start_parent_run(cfg, "sweep", {})
     assert sweep_runs.PARENT_RUN_ENV not in os.environ
+
+
+def test_a_job_killed_outright_ends_its_run_failed_and_leaves_no_process(tmp_path, tiny_data):
+    """SIGKILL runs no handler in the job's process: the recorder sees its pipe close, ends
+    the run FAILED and exits."""
+    mark = uuid.uuid4().hex
+    job = subprocess.Popen(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
+                                    "train.meta_iters=100000"),
+                           cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env=dict(os.environ, KSPIPE_TEST_MARK=mark))
+    try:
+        for line in job.stdout:
+            if line.startswith("meta-train"):
+                break
+        assert run_statuses(tmp_path / "mlflow.db") == ["RUNNING"]
+        assert processes_marked(mark) != [job.pid]  # the recorder runs beside the job
+    finally:
+        job.kill()
+        job.wait()
+    deadline = time.time() + 60
+    while processes_marked(mark) and time.time() < deadline:
+        time.sleep(0.2)
+    assert processes_marked(mark) == []
+    assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
+
+
+def processes_marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``KSPIPE_TEST_MARK=mark``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"KSPIPE_TEST_MARK={mark}".encode() in (
+                    entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return sorted(found)

@@ -127,12 +127,12 @@ def test_nothing_outside_the_observers_imports_them_at_module_level():
 
 
 def test_only_the_tracking_observer_imports_mlflow():
-    """Only kspipe/observers/store.py, tracking.py and serving.py import MLflow (anywhere in
-    them, inside functions too), in kspipe and in the shipped plugins; each of the three
+    """Only kspipe/observers/store.py, recorder.py and serving.py import MLflow (anywhere
+    in them, inside functions too), in kspipe and in the shipped plugins; each of the three
     does, so the rule sees the imports."""
     sources = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
     sources += [p for p in (ROOT / "plugins").glob("*/kspipe_*/**/*.py")]
-    allowed = {PACKAGE / "observers" / name for name in ("store.py", "tracking.py", "serving.py")}
+    allowed = {PACKAGE / "observers" / name for name in ("store.py", "recorder.py", "serving.py")}
     importers, bad = set(), []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -143,7 +143,7 @@ def test_only_the_tracking_observer_imports_mlflow():
                 importers.add(path)
                 if path not in allowed:
                     bad.append(f"{path.relative_to(ROOT)} line {node.lineno}")
-    assert not bad, ("only kspipe/observers/store.py, tracking.py and serving.py may import "
+    assert not bad, ("only kspipe/observers/store.py, recorder.py and serving.py may import "
                      f"mlflow: {bad}")
     assert importers == allowed, sorted(str(p.relative_to(ROOT)) for p in allowed - importers)
 

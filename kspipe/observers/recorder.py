@@ -1,0 +1,270 @@
+"""The recorder: a process of its own that writes a run's record into the MLflow store.
+
+The job's process starts it when the run starts (:meth:`Recorder.start`) and goes on at
+once: importing MLflow and opening its store (2-4 s) run on another core, beside
+Paddle's import, the data set and the programs, and the training process never imports
+MLflow nor waits for SQLite.  Requests go through a pipe in the order they are made; the
+ones that need an answer (the run's id, its end) wait for it, the others (metrics,
+artifacts) do not.
+
+If the job's process dies, even by SIGKILL, the pipe closes and the recorder ends the run
+it made FAILED: no run is left RUNNING.  It ignores SIGINT and SIGTERM (a Ctrl-C or a
+scheduler's preemption reaches the whole process group): the job's process decides how
+the run ends and says so.  If the recorder dies, the job goes on, unrecorded, and says so
+in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+
+from kspipe.errors import KspipeError, first_line
+from kspipe.files import user_path
+from kspipe.reporting import say
+
+
+class Recorder:
+    """The job's side of the pipe to the recorder process."""
+
+    def __init__(self, process: subprocess.Popen, requests: Connection, answers: Connection):
+        self.process, self.requests, self.answers = process, requests, answers
+        self.waiting = 0  # answers asked for and not yet read
+
+    @classmethod
+    def start(cls) -> "Recorder":
+        """A recorder process, with the job's import path (a plugin's predictor module
+        must import there too) and its working folder (MLflow's ``./mlruns``)."""
+        to_child, requests = os.pipe()
+        answers, from_child = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
+                 str(from_child)], pass_fds=(to_child, from_child), env=env,
+                stdin=subprocess.DEVNULL)
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        return cls(process, Connection(requests, readable=False),
+                   Connection(answers, writable=False))
+
+    def send(self, request: str, *args) -> None:
+        """Ask for ``request`` without waiting for it (its error, if any, is said by the
+        recorder)."""
+        self.requests.send((request, args, False))
+
+    def ask(self, request: str, *args) -> None:
+        """Ask for ``request``; :meth:`answer` waits for what it returns."""
+        self.requests.send((request, args, True))
+        self.waiting += 1
+
+    def answer(self):
+        """The oldest answer asked for: its result, or its error raised here
+        (:class:`EOFError` if the recorder died)."""
+        if self.waiting == 0:
+            raise RuntimeError("no answer was asked for")
+        while not self.answers.poll(1):
+            if self.process.poll() is not None and not self.answers.poll():
+                raise EOFError(f"the recorder process ended ({self.process.returncode})")
+        self.waiting -= 1
+        result, error = self.answers.recv()
+        if error is not None:
+            raise error
+        return result
+
+    def close(self) -> None:
+        """End the pipe and wait for the process (it has nothing left to do)."""
+        for end in (self.requests, self.answers):
+            end.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --- the recorder process --------------------------------------------------------------
+
+
+class Record:
+    """The run's record, in the recorder process: one request a method."""
+
+    def __init__(self):
+        self.client = None
+        self.run_id = None
+        self.experiment = None
+        self.owner = False
+        self.ended = False
+        self.curve: dict[str, list] = {}
+
+    def open(self, uri: str, experiment: str, run_id: str | None, create: dict) -> tuple:
+        """The client on the store; the run ``run_id``, or, with ``run_id`` None, a new run
+        made as ``create`` says.  Returns (run id, experiment id)."""
+        from omegaconf import OmegaConf
+
+        from kspipe.observers.store import client_for
+
+        self.client = client_for(OmegaConf.create({"tracking": {"uri": uri,
+                                                                "experiment": experiment}}))
+        if run_id is None:
+            run_id = self.create(experiment, **create)
+            self.owner = True
+        self.run_id = run_id
+        self.experiment = self.client.get_run(run_id).info.experiment_id
+        return run_id, self.experiment
+
+    def create(self, experiment, run_name, tags, params, config_path, register, source):
+        from mlflow.entities import Param
+
+        from kspipe.observers.store import experiment_id
+
+        if register:
+            from kspipe.observers import serving
+
+            serving.check_registry_name(self.client, register)
+        if source:
+            found = source_run_id(self.client, source)
+            if found:
+                tags = {**tags, "kspipe.source_run": found}
+        run = self.client.create_run(experiment_id(self.client, experiment),
+                                     run_name=run_name, tags=tags)
+        params = [Param(k, v) for k, v in params]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(run.info.run_id, params=params[start:start + 100])
+        self.client.log_artifact(run.info.run_id, config_path)
+        return run.info.run_id
+
+    def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
+        from mlflow.entities import Metric
+
+        batch = [Metric(k, v, when_ms, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+        for k, v in metrics.items():
+            self.curve.setdefault(k, []).append((step, v))
+
+    def artifact(self, path: str, artifact_path: str | None) -> None:
+        if os.path.isdir(path):
+            self.client.log_artifacts(self.run_id, path, artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, path, artifact_path)
+
+    def finish(self, status: str, run_dir: str | None = None, headline: str = "",
+               model: dict | None = None) -> str | None:
+        """The learning curve, the MLflow model (``model``: log_model's arguments) and the
+        run's end, as its owner; the first worker of a cluster logs the curve only.
+        Returns a line to say, if the model could not be logged."""
+        note = None
+        if run_dir is not None:
+            from kspipe.observers.plots import learning_curve
+
+            plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
+                                  headline)
+            if plot:
+                self.client.log_artifact(self.run_id, plot)
+        if not self.owner:
+            self.ended = True
+            return None
+        try:
+            if model:
+                note = log_model(**model)
+        except BaseException:
+            self.end("FAILED")
+            raise
+        self.end(status)
+        return note
+
+    def end(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)
+        self.ended = True
+
+    def abandoned(self) -> None:
+        """The job's process is gone without ending the run: it failed."""
+        if self.owner and not self.ended:
+            self.end("FAILED")
+
+
+def source_run_id(client, path: str) -> str | None:
+    """The run that wrote the run folder of ``path`` (a run folder or one of its
+    checkpoints), found by its ``kspipe.run_dir`` tag; None where this store has none."""
+    folder = os.path.abspath(user_path(path))
+    while os.path.basename(folder).startswith(("checkpoint-", "worker-", "checkpoints")):
+        folder = os.path.dirname(folder)
+    if "'" in folder:
+        return None  # not expressible in a filter string
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found = client.search_runs(experiments, f"tags.`kspipe.run_dir` = '{folder}'",
+                               max_results=1) if experiments else []
+    return found[0].info.run_id if found else None
+
+
+def log_model(uri: str, run_id: str, run_dir: str, serving: str, register) -> str | None:
+    """The run's MLflow model (:func:`kspipe.observers.serving.log_model`), with Paddle's
+    signal handlers taken off again (its import installs them); the line to say if a
+    model could not be logged (a refused registration is the run's failure)."""
+    import paddle
+
+    from kspipe.observers import serving as pyfunc
+
+    paddle.disable_signal_handler()
+    ignore_stop_signals()
+    try:
+        pyfunc.log_model(uri, run_id, run_dir, serving, register)
+    except KspipeError:
+        raise
+    except Exception as err:
+        return f"the run's MLflow model was not logged ({serving}): {first_line(err)}"
+    return None
+
+
+def portable(err: BaseException) -> BaseException:
+    """``err`` as the job's process can read it: kspipe's own errors as they are, any other
+    as a :class:`KspipeError` with its first line."""
+    if isinstance(err, KspipeError):
+        return err
+    return KspipeError(f"MLflow: {first_line(err)}")
+
+
+def ignore_stop_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def serve(requests: Connection, answers: Connection) -> None:
+    """Carry out requests until the pipe closes."""
+    record = Record()
+    while True:
+        try:
+            name, args, wants_answer = requests.recv()
+        except EOFError:
+            record.abandoned()
+            return
+        try:
+            result, error = getattr(record, name)(*args), None
+        except Exception as err:
+            result, error = None, portable(err)
+        if wants_answer:
+            answers.send((result, error))
+        elif error is not None:
+            say(f"the run's MLflow record lacks a {name}: {error}")
+
+
+def main(argv: list[str]) -> None:
+    ignore_stop_signals()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    requests = Connection(int(argv[0]), writable=False)
+    answers = Connection(int(argv[1]), readable=False)
+    try:
+        serve(requests, answers)
+    except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
+        pass
+    finally:
+        sys.stdout.flush()
+        os._exit(0)  # skip collecting what MLflow made: nothing is left to write
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
