@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
+from kspipe.memory import cap_arenas
+
 os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
+cap_arenas()  # before any thread starts
 
 import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
+from kspipe.memory import cap_arenas
 from kspipe.modes.plan import share_cores
 
 os.environ.setdefault("GLOG_minloglevel", "2")
+cap_arenas()  # before any thread starts
 share_cores(os.environ)  # before Paddle loads OpenMP, whoever started this role
 
 

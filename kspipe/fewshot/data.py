@@ -238,7 +238,8 @@ def preload_images(*splits: list, store: str | None = None) -> int:
 def _store_file(store: str, keys: list) -> str:
     """The store's file for these images: their names' digest in its name, so a store
     never serves another set of files."""
-    names = "\n".join(f"{os.path.relpath(d, os.path.dirname(store))}/{n}" for d, n in keys)
+    folders = {d: os.path.relpath(d, os.path.dirname(store)) for d, _ in keys}
+    names = "\n".join(f"{folders[d]}/{n}" for d, n in keys)
     return f"{store}-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
 
 

@@ -1,0 +1,29 @@
+"""The C library's malloc arenas: as many as the cores a process may use, not eight a core.
+
+glibc gives a thread that allocates an arena of its own, up to eight per core, and memory
+freed in an arena stays with it.  A Reptile run has many threads that allocate (Paddle's
+executor threads, four per program and lane, the lanes themselves, task sampling), so each
+holds its own share of freed memory: capped at the cores, the default experiment's peak
+resident memory fell from 1.76-1.80 GB to 1.46-1.48 GB at the same speed (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+ARENA_ENV = "MALLOC_ARENA_MAX"  # the user's own cap, which glibc read at the process's start
+
+
+def cap_arenas() -> bool:
+    """Cap this process's malloc arenas at its cores (at least two), before its threads
+    start; nothing where the user set ``MALLOC_ARENA_MAX`` or the C library is not glibc.
+    Returns whether the cap was set."""
+    if os.environ.get(ARENA_ENV):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no mallopt: not glibc
+        return False
+    return bool(mallopt(M_ARENA_MAX, max(2, len(os.sched_getaffinity(0)))))
