@@ -249,7 +249,7 @@ def serve(requests: Connection, answers: Connection) -> None:
         if wants_answer:
             answers.send((result, error))
         elif error is not None:
-            say(f"the run's MLflow record lacks a {name}: {error}")
+            say(f"MLflow did not record the run's {name}: {error}")
 
 
 def main(argv: list[str]) -> None:
@@ -261,6 +261,8 @@ def main(argv: list[str]) -> None:
         serve(requests, answers)
     except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
         pass
+    except Exception as err:  # the job goes on unrecorded, and is told why
+        say(f"the MLflow recorder stopped: {first_line(err)}")
     finally:
         sys.stdout.flush()
         os._exit(0)  # skip collecting what MLflow made: nothing is left to write
