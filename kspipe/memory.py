@@ -3,8 +3,9 @@
 glibc gives a thread that allocates an arena of its own, up to eight per core, and memory
 freed in an arena stays with it.  A Reptile run has many threads that allocate (Paddle's
 executor threads, four per program and lane, the lanes themselves, task sampling), so each
-holds its own share of freed memory: capped at the cores, the default experiment's peak
-resident memory fell from 1.76-1.80 GB to 1.46-1.48 GB at the same speed (BENCHMARKS.md).
+holds its own share of freed memory: capped at the cores, a run of 200 meta-iterations of
+the default experiment peaked at 1.47-1.49 GB instead of 1.76-1.80 GB, at the same speed
+(BENCHMARKS.md, "Peak memory of a Reptile run").
 """
 
 from __future__ import annotations
