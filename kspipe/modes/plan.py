@@ -47,7 +47,7 @@ class Planned:
 def launch_plan(kind: str, workers, servers=None, host: str | None = None,
                 threads: int | None = None,
                 devices: list[int] | None = None,
-                every_host: bool = False) -> list[Planned]:
+                every_host: bool = False, meeting_port: int | None = None) -> list[Planned]:
     """The processes this host starts for a ``kind`` ("pserver", "collective" or "local":
     one process of its own) job.
 
@@ -59,7 +59,9 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     host's workers share its cores (``threads`` each, default cores / local workers), and
     :data:`SHARED_CORES_ENV`.
     The ports of this host's processes are checked free.  With ``every_host``, the plan
-    holds every host's processes (a scheduler starts each on its host).
+    holds every host's processes (a scheduler starts each on its host).  ``meeting_port``
+    is where gloo's meeting point listens on the first endpoint's host, when the caller
+    has drawn one (else :func:`fleet_gloo_env` and :func:`gloo_endpoint` choose).
     """
     if kind == "local":
         return [Planned("worker", 0, "", dict(os.environ, **{WORKDIR_ENV: workdir()}))]
@@ -84,9 +86,9 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     if kind == "pserver":
         base.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
                     PADDLE_PSERVER_NUMS=str(len(server_eps)),
-                    **fleet_gloo_env(everyone, every_host))
+                    **fleet_gloo_env(everyone, every_host, meeting_port))
     else:
-        base[GLOO_ENDPOINT_ENV] = gloo_endpoint(workers, worker_eps)
+        base[GLOO_ENDPOINT_ENV] = gloo_endpoint(workers, worker_eps, meeting_port)
     plan = []
     for role, index, endpoint in local:
         env = dict(base, PADDLE_PORT=endpoint.rpartition(":")[2],
@@ -108,20 +110,26 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
 GLOO_ENDPOINT_ENV = "KSPIPE_GLOO_ENDPOINT"
 
 
-def gloo_endpoint(workers, worker_eps: list[str]) -> str:
-    """A free port beside worker 0 on one host; across hosts, worker 0's port + 1."""
+def gloo_endpoint(workers, worker_eps: list[str], meeting_port: int | None = None) -> str:
+    """``meeting_port`` or a free port beside worker 0 on one host; across hosts, worker
+    0's port + 1."""
     host, _, port = worker_eps[0].rpartition(":")
+    if meeting_port is not None:
+        return f"{host}:{meeting_port}"
     if parse_endpoints(workers, "workers") is None:
         return f"{host}:{free_ports(1, host)[0]}"
     return f"{host}:{int(port) + 1}"
 
 
-def fleet_gloo_env(endpoints: list[str], every_host: bool = False) -> dict:
+def fleet_gloo_env(endpoints: list[str], every_host: bool = False,
+                   meeting_port: int | None = None) -> dict:
     """Where a parameter-server job's processes meet for fleet's gloo: server 0 serves the
-    meeting point (:mod:`kspipe.modes.meeting`), on a free port of its host when the whole
-    job is on this one, else on its port + 1."""
+    meeting point (:mod:`kspipe.modes.meeting`) on ``meeting_port``, else on a free port of
+    its host when the whole job is on this one, else on its port + 1."""
     host, _, port = endpoints[0].rpartition(":")
-    if not every_host and all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
+    if meeting_port is not None:
+        meeting = meeting_port
+    elif not every_host and all(e.rpartition(":")[0] in LOCAL_HOSTS for e in endpoints):
         meeting = free_ports(1, host)[0]
     else:
         meeting = int(port) + 1

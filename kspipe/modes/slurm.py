@@ -55,10 +55,11 @@ class SlurmLauncher(ProcessLauncher):
     def plan(self, kind: str, cfg, workers, servers=None, **options) -> list[Planned]:
         """Every process of the job, on the allocation's nodes."""
         check_counts(cfg)
-        server_eps, worker_eps = endpoints(int(servers) if kind == "pserver" else 0,
-                                           int(workers))
+        server_eps, worker_eps, meeting = endpoints(int(servers) if kind == "pserver" else 0,
+                                                    int(workers))
         options["threads"] = options.get("threads") or threads()
-        return launch_plan(kind, worker_eps, server_eps or None, every_host=True, **options)
+        return launch_plan(kind, worker_eps, server_eps or None, every_host=True,
+                           meeting_port=meeting, **options)
 
     def command(self, planned: Planned, command: list[str]) -> list[str]:
         return step(node_of(planned.endpoint), f"kspipe-{planned.role}.{planned.index}",
@@ -102,19 +103,25 @@ def allocation_hosts(env=os.environ) -> list[str]:
     return hosts
 
 
-def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], list[str]]:
-    """``host:port`` of each server and worker, spread over the allocation's nodes."""
+def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], list[str], int]:
+    """``host:port`` of each server and worker, spread over the allocation's nodes, and the
+    port of gloo's meeting point beside the first of them.
+
+    Every port is drawn free, the meeting point's too: the port after a drawn one is where
+    Linux starts outgoing connections' ports (it draws free ports odd, theirs even), so
+    "the first endpoint's port + 1" is taken now and then on a busy node.
+    """
     from kspipe.endpoints import free_ports
 
     nodes = allocation_hosts(env)
-    ports = free_ports(servers + workers)
+    *ports, meeting = free_ports(servers + workers + 1)
     if len(nodes) == 1:  # one node, this one: loopback
         hosts = ["127.0.0.1"] * (servers + workers)
     else:
         addresses = node_addresses(nodes, env)
         hosts = [addresses[nodes[i % len(nodes)]] for i in range(servers + workers)]
     eps = [f"{h}:{p}" for h, p in zip(hosts, ports)]
-    return eps[:servers], eps[servers:]
+    return eps[:servers], eps[servers:], meeting
 
 
 def node_addresses(nodes: list[str], env=os.environ) -> dict:
