@@ -41,6 +41,11 @@ class Adapter:
             self._lanes.append(child_lane(self.scope, self.exe.place, together))
         return self._lanes[:count]
 
+    def close(self) -> None:
+        """Stop the lanes' threads (the model is not used after)."""
+        for lane in self._lanes:
+            lane.close()
+
     def initialize(self) -> None:
         """Run the startup programs and record theta."""
         self.run(self.p.startup)

@@ -4,7 +4,7 @@ a group of tasks side by side, or such groups on several threads, to the same nu
 from __future__ import annotations
 
 import queue
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from contextlib import closing
 
 import numpy as np
@@ -12,7 +12,6 @@ import numpy as np
 from kspipe import stopping
 from kspipe.fewshot.data import Prefetcher
 from kspipe.reptile.batched import thread_count
-from kspipe.reptile.lanes import THREAD_NAME, one_math_thread
 from kspipe.reptile.tasks import evaluation_task
 
 
@@ -65,35 +64,33 @@ def evaluate(model, together, reporter, classes: list, num_tasks: int, stream: i
 
 
 def groups_on_lanes(model, together, groups, lanes: list):
-    """Adapt ``groups`` (lists of (index, task)) on ``lanes``, one thread each, with one
-    math thread each; yields (tasks done, their accuracies) per group, in order.  Its
-    threads stop when it ends or is closed (then the groups not started are dropped).
-    """
+    """Adapt ``groups`` (lists of (index, task)) on ``lanes``, each on its lane's thread;
+    yields (tasks done, their accuracies) per group, in order.  When it ends or is closed,
+    the groups not started are dropped and those running are waited for."""
     free: queue.Queue = queue.Queue()
     for lane in lanes:
         free.put(lane)
 
     def adapt(lane, group):
-        one_math_thread()
         try:
             return accuracies_together(model, together, [t for _, t in group], lane)
         finally:
             free.put(lane)
 
     pending = []
-    with ThreadPoolExecutor(len(lanes), thread_name_prefix=THREAD_NAME) as pool:
-        try:
-            for group in groups:
-                lane = free.get()
-                pending.append((group[-1][0] + 1, pool.submit(adapt, lane, group)))
-                while pending and (pending[0][1].done() or len(pending) >= len(lanes)):
-                    done, future = pending.pop(0)
-                    yield done, future.result()
-            for done, future in pending:
+    try:
+        for group in groups:
+            lane = free.get()
+            pending.append((group[-1][0] + 1, lane.submit(adapt, group)))
+            while pending and (pending[0][1].done() or len(pending) >= len(lanes)):
+                done, future = pending.pop(0)
                 yield done, future.result()
-        finally:
-            for _, future in pending:
-                future.cancel()
+        for done, future in pending:
+            yield done, future.result()
+    finally:
+        for _, future in pending:
+            future.cancel()
+        wait([future for _, future in pending])
 
 
 def accuracies_together(model, together, tasks: list, lane=None) -> list:

@@ -1,15 +1,22 @@
-"""Lanes: an executor and a scope for one thread each, and the threads that run them.
+"""Lanes: an executor and a scope, and the one thread that runs them off the job's thread.
 
 Paddle lets go of the GIL while a program runs, so lanes on threads of their own use
 several cores at once.  A lane other than the model's own has a child scope of the model's
 scope: it holds what the lane writes (the slots of the tasks it adapts side by side, and
 the variables it is given to keep apart) and reads the rest, theta and the optimiser state,
 from the model's.
+
+Each lane keeps one thread for its whole life, never a pool's: Paddle's oneDNN kernels
+cache what they build under keys made from state the executor leaves on the thread that
+runs it, so two executors taking turns on one thread find each other's entries.  With
+Paddle's serial executor (every kspipe job's, :mod:`kspipe.memory`), whose operators run
+on the thread that calls it, that failed in oneDNN (``RuntimeError: std::exception``) as
+soon as evaluation's lanes swapped threads.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -17,14 +24,27 @@ THREAD_NAME = "kspipe-lane"  # the prefix of the lanes' threads' names
 
 
 class Lane:
-    """An executor and a scope to run programs in, one thread's own; for a lane that
-    adapts tasks side by side, their programs and the variables it holds itself."""
+    """An executor and a scope to run programs in, and its own thread to run work on; for
+    a lane that adapts tasks side by side, their programs and the variables it holds
+    itself."""
 
     def __init__(self, executor, scope, together=None, own=()):
         self.exe = executor
         self.scope = scope
         self.together = together
         self.own = list(own)
+        self._thread: ThreadPoolExecutor | None = None  # started by the first submit
+
+    def submit(self, work, *args) -> Future:
+        """``work(self, *args)`` on this lane's own thread, with one math thread."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, THREAD_NAME)
+        return self._thread.submit(_on_one_math_thread, work, self, *args)
+
+    def close(self) -> None:
+        """Stop this lane's thread once its work is done; the lane is not used after."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
 
     def run(self, program, feed=None, fetch=()):
         return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
@@ -51,7 +71,7 @@ def child_lane(scope, place, together, own=()) -> Lane:
     for name in [v.name for v in together.startup.list_vars()] + list(own):
         child.var(name).get_tensor()
     lane = Lane(paddle.static.Executor(place), child, together, own)
-    lane.run(together.startup)
+    lane.submit(Lane.run, together.startup).result()
     return lane
 
 
@@ -64,38 +84,12 @@ def one_math_thread() -> None:
     core.set_num_threads(1)
 
 
-class LaneThreads:
-    """Threads that run work on lanes, one thread per lane, one math thread each.
-
-    A ``with`` block keeps the threads for the runs within it (nested blocks share them)
-    and shuts them down when it ends, on error too; a :meth:`run` outside any block has
-    threads for that run alone.
-    """
-
-    def __init__(self):
-        self._pool = None
-        self._holders = 0
-
-    def __enter__(self) -> "LaneThreads":
-        self._holders += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._holders -= 1
-        if not self._holders and self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.shutdown(wait=True)
-
-    def run(self, work, lanes: list, items: list) -> list:
-        """``work(lane, item)`` for each lane and its item, each on a thread of its own; the
-        results in order once all finished (the first one's error, if any, raised again)."""
-        with self:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(len(lanes), THREAD_NAME)
-            futures = [self._pool.submit(_on_one_math_thread, work, lane, item)
-                       for lane, item in zip(lanes, items)]
-            wait(futures)
-            return [future.result() for future in futures]
+def run_on_lanes(work, lanes: list, items: list) -> list:
+    """``work(lane, item)`` for each lane and its item, each on its lane's thread; the
+    results in order once all finished (the first one's error, if any, raised again)."""
+    futures = [lane.submit(work, item) for lane, item in zip(lanes, items)]
+    wait(futures)
+    return [future.result() for future in futures]
 
 
 def _on_one_math_thread(work, *args):

@@ -16,7 +16,7 @@ from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
 from kspipe.reptile.batched import tasks_together, train_lanes
-from kspipe.reptile.lanes import LaneThreads, child_lane
+from kspipe.reptile.lanes import child_lane, run_on_lanes
 from kspipe.reptile.programs import ACC, inner_batches, meta_step_size, tail_split
 from kspipe.reptile.tasks import training_task
 
@@ -56,13 +56,6 @@ class ReptileLearner(Adapter):
         self.eval_together = programs.batched.get(in_evaluation)
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
-        self._train_threads = LaneThreads()  # and their threads
-
-    def training_threads(self) -> LaneThreads:
-        """The threads that share the meta-batch (``train.threads``): a ``with`` block keeps
-        them for its meta-iterations and shuts them down when it ends, on error too (a
-        meta-iteration outside such a block has them for itself alone)."""
-        return self._train_threads
 
     def train_lanes(self) -> list:
         """One lane per share of the meta-batch (``train.threads``); each gathers its tasks
@@ -75,6 +68,12 @@ class ReptileLearner(Adapter):
                        if v.persistable and not v.name.startswith(f"tasks{size}.")]
                 self._train_lanes.append(child_lane(self.scope, self.exe.place, together, own))
         return self._train_lanes
+
+    def close(self) -> None:
+        """Stop every lane's thread (the learner is not used after)."""
+        super().close()
+        for lane in self._train_lanes or []:
+            lane.close()
 
     def fingerprint(self) -> float:
         """The sum of every parameter (float64): equal on workers that hold one model."""
@@ -161,8 +160,8 @@ class ReptileLearner(Adapter):
         return loss
 
     def adapt_on_lanes(self, tasks: list, lanes: list) -> float:
-        """The meta-batch's tasks shared among ``lanes``, one thread each (those of
-        :meth:`training_threads`), each share side by side from the model's current state;
+        """The meta-batch's tasks shared among ``lanes``, each on its lane's thread, each
+        share side by side from the model's current state;
         then acc holds the sum of all the adapted weights and the optimiser state their
         mean, as one lane holding every task leaves them.  Returns the mean last loss."""
         cfg = self.cfg.train
@@ -182,7 +181,7 @@ class ReptileLearner(Adapter):
             lane.run(lane.together.gather)
             return loss
 
-        losses = self._train_threads.run(adapt, lanes, shares)
+        losses = run_on_lanes(adapt, lanes, shares)
         total = len(tasks)
         for name in own:
             values = [lane.value(name) for lane in lanes]

@@ -94,7 +94,10 @@ def kspipe_compile_program(cfg, role, programs):
 @hookimpl
 def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
-    return train_and_evaluate(learner)
+    try:
+        return train_and_evaluate(learner)
+    finally:
+        learner.close()
 
 
 @hookimpl

@@ -85,8 +85,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
 
 def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple[int, int]:
     """This worker's meta-iterations from ``start_iter``; returns (tasks trained, global
-    meta-iterations done at the end).  The threads that share the meta-batch and the task
-    sampler's thread stop when it returns or raises."""
+    meta-iterations done at the end).  The task sampler's thread stops when it returns or
+    raises."""
     cfg, role, reporter = learner.cfg, learner.role, learner.reporter
     workers, index, first = role.worker_num(), role.worker_index(), role.is_first_worker()
     total = cfg.train.meta_iters
@@ -95,8 +95,7 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
     tasks_at_start = learner.tasks_done
     losses, shown = [], {}
     last_done = done = start_iter
-    with (learner.training_threads(),
-          closing(Prefetcher(learner.train_tasks, todo, depth=3)) as feed):
+    with closing(Prefetcher(learner.train_tasks, todo, depth=3)) as feed:
         started = time.perf_counter()
         try:
             for iteration, tasks in feed:

@@ -1,11 +1,16 @@
 """A kspipe process caps glibc's malloc arenas at its cores (kspipe/memory.py): threads that
-allocate then share arenas instead of each keeping one's freed memory."""
+allocate then share arenas instead of each keeping one's freed memory; and runs Paddle's
+executor serially, Reptile's lanes included."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from kspipe.memory import SERIAL_ENV
+from kspipe.testing import run_kspipe, tiny_overrides
 
 #: Starts 16 threads that each allocate and wait for the others (a thread gets an arena of
 #: its own while glibc's cap allows, and gives it back when it ends), then prints glibc's
@@ -47,3 +52,37 @@ def test_a_kspipe_process_has_as_many_arenas_as_cores():
     assert arenas("kspipe") <= cores
     assert arenas("worker") <= cores
     assert arenas("kspipe", {"MALLOC_ARENA_MAX": "5"}) == 5  # the user's own cap is kept
+
+
+def test_a_kspipe_process_runs_paddles_executor_serially_unless_told_otherwise():
+    ask = "import kspipe.{}, paddle; print(paddle.get_flags(['{}'])['{}'])"
+    for module in ("cli", "worker"):
+        for given, expected in ((None, "True"), ("0", "False")):
+            env = {k: v for k, v in os.environ.items() if k != SERIAL_ENV}
+            if given is not None:
+                env[SERIAL_ENV] = given
+            result = subprocess.run([sys.executable, "-c", ask.format(module, SERIAL_ENV,
+                                                                      SERIAL_ENV)],
+                                    capture_output=True, text=True, env=env, timeout=120)
+            assert result.stdout.strip() == expected, result.stderr[-2000:]
+
+
+def test_reptiles_lanes_on_the_serial_executor_reach_the_threaded_executors_numbers(
+        tmp_path, tiny_data):
+    """Evaluation's two lanes adapt groups of tasks twice (the test tasks, then the training
+    tasks), as they did when they took turns on a pool's threads and Paddle's serial
+    executor failed in oneDNN; the job's numbers equal those of Paddle's threaded
+    executor."""
+    metrics = {}
+    for serial in ("1", "0"):
+        folder = tmp_path / serial
+        folder.mkdir()
+        result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(folder, tiny_data),
+                            "tracking.enabled=false", "eval.interval=0", "eval.tasks=8",
+                            "eval.train_tasks=4", "eval.batch_tasks=2", "eval.threads=2",
+                            cwd=folder, env=dict(os.environ, **{SERIAL_ENV: serial}))
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics[serial] = json.loads((folder / "run" / "metrics.json").read_text())
+    serial, threaded = ({k: v for k, v in m.items() if "accuracy" in k or "loss" in k}
+                        for m in (metrics["1"], metrics["0"]))
+    assert serial == threaded and len(serial) >= 4, (metrics["1"], metrics["0"])
