@@ -27,16 +27,21 @@ class Adapter:
         self.p = programs
         self.exe = executor
         self.scope = scope
-        self.lane = Lane(executor, scope)  # this model's own
-        self._lanes = [self.lane]  # then the lanes that adapt groups of tasks on threads
+        self.lane = Lane(executor, scope)  # this model's own, run on the calling thread
+        self._lanes = []  # the lanes that adapt groups of tasks on threads of their own
 
     def run(self, program, feed=None, fetch=()):
         return self.lane.run(program, feed, fetch)
 
     def lanes(self, count: int, together) -> list:
-        """``count`` lanes for adapting groups of tasks with ``together``'s programs at once:
-        this model's own, then lanes with child scopes of its scope that hold their own
-        copies of the slot variables (and read theta and the optimiser state from it)."""
+        """``count`` lanes for adapting groups of tasks with ``together``'s programs at once,
+        each on its own thread: lanes with child scopes of this model's scope that hold
+        their own copies of the slot variables (and read theta and the optimiser state
+        from it); none for one (this model's own lane adapts on the calling thread).  This
+        model's executor never runs on theirs: an executor that runs on two threads under
+        Paddle's serial executor crashed in oneDNN (:mod:`kspipe.reptile.lanes`)."""
+        if count <= 1:
+            return []
         while len(self._lanes) < count:
             self._lanes.append(child_lane(self.scope, self.exe.place, together))
         return self._lanes[:count]

@@ -6,12 +6,13 @@ scope: it holds what the lane writes (the slots of the tasks it adapts side by s
 the variables it is given to keep apart) and reads the rest, theta and the optimiser state,
 from the model's.
 
-Each lane keeps one thread for its whole life, never a pool's: Paddle's oneDNN kernels
-cache what they build under keys made from state the executor leaves on the thread that
-runs it, so two executors taking turns on one thread find each other's entries.  With
-Paddle's serial executor (every kspipe job's, :mod:`kspipe.memory`), whose operators run
-on the thread that calls it, that failed in oneDNN (``RuntimeError: std::exception``) as
-soon as evaluation's lanes swapped threads.
+One executor, one thread: each lane keeps one thread for its whole life, never a pool's,
+and the model's own executor runs only on the job's thread.  Paddle's oneDNN kernels cache
+what they build under keys made from state an executor leaves on the thread that runs it;
+under Paddle's serial executor (every kspipe job's, :mod:`kspipe.memory`), whose operators
+run on the calling thread, executors that took turns on a pool's threads failed in oneDNN
+(``RuntimeError: std::exception``), and an executor that ran one program on one thread and
+another on a second crashed in a convolution's backward pass (SIGSEGV).
 """
 
 from __future__ import annotations

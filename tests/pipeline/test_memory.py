@@ -67,19 +67,24 @@ def test_a_kspipe_process_runs_paddles_executor_serially_unless_told_otherwise()
             assert result.stdout.strip() == expected, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("evaluation", [
+    # two lanes adapt groups of tasks twice (the test tasks, then the training tasks): as
+    # lanes took turns on a pool's threads, the serial executor failed in oneDNN
+    ["eval.tasks=8", "eval.train_tasks=4", "eval.batch_tasks=2"],
+    # the model's executor adapts the meta-batch side by side on the job's thread, then
+    # groups of 3 tasks (another program) on a lane's thread: a convolution crashed there
+    ["eval.tasks=3", "eval.train_tasks=2", "eval.interval_tasks=2"]])
 def test_reptiles_lanes_on_the_serial_executor_reach_the_threaded_executors_numbers(
-        tmp_path, tiny_data):
-    """Evaluation's two lanes adapt groups of tasks twice (the test tasks, then the training
-    tasks), as they did when they took turns on a pool's threads and Paddle's serial
-    executor failed in oneDNN; the job's numbers equal those of Paddle's threaded
-    executor."""
+        tmp_path, tiny_data, evaluation):
+    """Reptile's lanes on Paddle's serial executor, evaluating on two threads: the job's
+    numbers equal those of Paddle's threaded executor."""
     metrics = {}
     for serial in ("1", "0"):
         folder = tmp_path / serial
         folder.mkdir()
         result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(folder, tiny_data),
-                            "tracking.enabled=false", "eval.interval=0", "eval.tasks=8",
-                            "eval.train_tasks=4", "eval.batch_tasks=2", "eval.threads=2",
+                            "tracking.enabled=false", "eval.interval=0", "eval.threads=2",
+                            "train.meta_batch=2", *evaluation,
                             cwd=folder, env=dict(os.environ, **{SERIAL_ENV: serial}))
         assert result.returncode == 0, result.stderr[-3000:]
         metrics[serial] = json.loads((folder / "run" / "metrics.json").read_text())
