@@ -6,7 +6,8 @@ freed in an arena stays with it.  A Reptile run has many threads that allocate (
 executor threads, four per program and lane, the lanes themselves, task sampling), so each
 holds its own share of freed memory: capped at the cores, a run of 200 meta-iterations of
 the default experiment peaked at 1.47-1.49 GB instead of 1.76-1.80 GB, at the same speed
-(BENCHMARKS.md, "Peak memory of a Reptile run").
+(BENCHMARKS.md, "Peak memory of a Reptile run"; measured before the executor was made
+serial, below, which took the executor's threads away).
 
 Paddle's executor runs each program's operators on four threads of its own, and its oneDNN
 kernels cache what they build per thread: a Reptile run held a copy for each.  Serial
@@ -38,6 +39,14 @@ def cap_arenas() -> bool:
     except (OSError, AttributeError):  # no mallopt: not glibc
         return False
     return bool(mallopt(M_ARENA_MAX, max(2, len(os.sched_getaffinity(0)))))
+
+
+def threaded_executor() -> None:
+    """Paddle's threaded executor in this process from now on: for a model served to
+    requests that arrive on several threads, which then all run its one executor."""
+    import paddle
+
+    paddle.set_flags({SERIAL_ENV: False})
 
 
 def serial_executor() -> None:

@@ -17,11 +17,13 @@ another on a second crashed in a convolution's backward pass (SIGSEGV).
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
 THREAD_NAME = "kspipe-lane"  # the prefix of the lanes' threads' names
+_numbers = itertools.count()  # each lane's thread's name, kspipe-lane-<n>
 
 
 class Lane:
@@ -39,7 +41,7 @@ class Lane:
     def submit(self, work, *args) -> Future:
         """``work(self, *args)`` on this lane's own thread, with one math thread."""
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, THREAD_NAME)
+            self._thread = ThreadPoolExecutor(1, f"{THREAD_NAME}-{next(_numbers)}")
         return self._thread.submit(_on_one_math_thread, work, self, *args)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from kspipe.errors import DataError
 from kspipe.inference import MODEL_NAME
-from kspipe.memory import SERIAL_ENV
+from kspipe.memory import threaded_executor
 
 QUERY = -1  # the label of a query image
 
@@ -43,10 +43,7 @@ class FewShotModel:
         from kspipe.reptile.programs import build_programs
 
         paddle.enable_static()
-        # Requests arrive on the server's threads, so the model's one executor runs on
-        # several: Paddle's threaded executor, whatever a kspipe job process chose
-        # (kspipe.memory, kspipe.reptile.lanes).
-        paddle.set_flags({SERIAL_ENV: False})
+        threaded_executor()  # requests arrive on the server's threads (kspipe.reptile.lanes)
         model_dir = artifacts["inference_model"]
         cfg = OmegaConf.load(os.path.join(model_dir, "kspipe_config.yaml"))
         self.cfg = cfg

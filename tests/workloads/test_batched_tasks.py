@@ -147,3 +147,30 @@ def test_test_tasks_spread_over_threads_score_as_in_one(make_learner):
     assert scores[3] == pytest.approx(scores[1], abs=1e-12)
     for name, value in values(learner, learner.p.state).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner, monkeypatch):
+    """One executor, one thread (kspipe/reptile/lanes.py): under Paddle's serial executor,
+    which every job runs, an executor run on two threads crashed in oneDNN."""
+    import threading
+
+    from kspipe.reptile.lanes import Lane
+
+    threads, run = {}, Lane.run
+
+    def recorded(lane, program, feed=None, fetch=()):
+        threads.setdefault(id(lane.exe), set()).add(threading.get_ident())
+        return run(lane, program, feed, fetch)
+
+    monkeypatch.setattr(Lane, "run", recorded)
+    learner = make_learner("train.meta_batch=5", "train.threads=2", "eval.batch_tasks=2",
+                           "eval.tasks=6", "eval.threads=2")
+    try:
+        for i in range(2):
+            learner.meta_iteration(i, learner.train_tasks(i))
+            learner.evaluate(learner.dataset.test, 6, EVAL_TEST_STREAM, "test")
+    finally:
+        learner.close()
+    assert threads.pop(id(learner.exe)) == {threading.get_ident()}
+    assert len(threads) == 4  # two lanes training, two evaluating
+    assert all(len(ran_on) == 1 for ran_on in threads.values()), threads
