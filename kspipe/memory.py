@@ -13,8 +13,8 @@ Paddle's executor runs each program's operators on four threads of its own, and 
 kernels cache what they build per thread: a Reptile run held a copy for each.  Serial
 (``FLAGS_new_executor_serial_run``), the operators run on the thread that calls the
 executor: 100 meta-iterations and their evaluations peaked at 0.94-0.95 GB instead of
-1.55-1.57 GB, 5-15% faster, to the same numbers; the default experiment at 0.93 GB.  A workload that runs
-programs on several threads must keep each executor on threads of its own
+1.55-1.57 GB, 5-15% faster, to the same numbers; the default experiment at 0.93 GB.  A
+workload that runs programs on several threads must keep each executor on one thread
 (:mod:`kspipe.reptile.lanes`, docs/plugins.md).
 """
 

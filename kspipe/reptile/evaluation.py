@@ -35,7 +35,7 @@ def evaluate(model, together, reporter, classes: list, num_tasks: int, stream: i
                                 range(num_tasks))) as feed:
             lanes = (model.lanes(thread_count(cfg.eval.threads), together)
                      if together is not None else [])
-            if len(lanes) > 1:
+            if lanes:  # two or more, each on its own thread
                 groups = chunks(feed, together.tasks)
                 with closing(groups_on_lanes(model, together, groups, lanes)) as results:
                     for done, group_accuracies in results:

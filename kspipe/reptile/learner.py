@@ -160,10 +160,10 @@ class ReptileLearner(Adapter):
         return loss
 
     def adapt_on_lanes(self, tasks: list, lanes: list) -> float:
-        """The meta-batch's tasks shared among ``lanes``, each on its lane's thread, each
-        share side by side from the model's current state;
-        then acc holds the sum of all the adapted weights and the optimiser state their
-        mean, as one lane holding every task leaves them.  Returns the mean last loss."""
+        """The meta-batch's tasks shared among ``lanes``, each share side by side on its
+        lane's thread from the model's current state; then acc holds the sum of all the
+        adapted weights and the optimiser state their mean, as one lane holding every task
+        leaves them.  Returns the mean last loss."""
         cfg = self.cfg.train
         own = lanes[0].own  # the same names in every lane
         state = dict(zip(own, self.values(own)))
