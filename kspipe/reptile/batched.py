@@ -17,13 +17,18 @@ those of :mod:`kspipe.reptile.programs`, which checkpoints, modes and evaluation
   counts): T tasks that start where the per-task path would restore each one;
 * ``gather`` (meta-training): ``acc <- acc + sum of the slots' parameters``, for the usual
   meta step, and the optimiser's state <- the slots' mean moments and their step count.
+
+A meta-batch shared among lanes on threads of their own (``train.threads``) gathers in
+two programs instead: each lane's :func:`lane_gather` sums its slots into variables of
+its own in the model's scope, and :func:`combine_lanes`, on the job's thread, makes of
+every lane's sums what ``gather`` makes of one lane holding every task.
 """
 
 from __future__ import annotations
 
 import os
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kspipe.reptile.programs import ACC
 
@@ -44,6 +49,8 @@ class BatchedPrograms:
     logits: object
     decay: object = None  # slot parameters * train.weight_decay, before each step
     compiled_train: object = None  # set by the compile stage; runs like ``train``
+    pairs: list = field(default_factory=list)  # [(model variable, its slot variable)]
+    params: tuple = ()  # the model's parameters' names (the rest of pairs is state)
 
     @property
     def train_program(self):
@@ -163,7 +170,8 @@ def _build(programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_op
         tasks=tasks, startup=startup, train=train, forward=forward,
         spread=_program(lambda get: _spread(get, pairs, tasks)),
         gather=_program(lambda get: _gather(get, pairs, programs.params, tasks)),
-        decay=decay, x=x, y=y, loss=loss, logits=logits)
+        decay=decay, x=x, y=y, loss=loss, logits=logits, pairs=pairs,
+        params=tuple(programs.params))
 
 
 def _grouped_network(x, tasks: int, prefix: str, ways: int, model):
@@ -243,6 +251,59 @@ def _gather(get, pairs, params, tasks):
             paddle.assign(paddle.reshape(mean, shape), get(model_var))
         else:
             paddle.assign(get(slot), get(model_var))
+
+
+def lane_name(lane: int, name: str) -> str:
+    """Where training lane ``lane`` leaves its share of the model variable ``name``."""
+    return f"lane{lane}.{name}"
+
+
+def lane_gather(together: BatchedPrograms, lane: int):
+    """Training lane ``lane``'s share of the gather: for each model variable ``gather``
+    sets, the sum of ``together``'s slots (parameters and tiled state) or their common
+    value, into :func:`lane_name` variables, which the model's scope holds (a lane's child
+    scope reads and writes them there)."""
+    import paddle
+
+    def body(get):
+        for model_var, slot in together.pairs:
+            share = get(model_var, lane_name(lane, model_var.name))
+            if model_var.name in together.params or _size(slot) != _size(model_var):
+                total = paddle.sum(paddle.reshape(get(slot), [together.tasks, -1]), axis=0)
+                paddle.assign(paddle.reshape(total, list(model_var.shape)), share)
+            else:
+                paddle.assign(get(slot), share)
+
+    return _program(body)
+
+
+def lane_shares(together: BatchedPrograms, lane: int) -> list[str]:
+    """The names of the variables :func:`lane_gather` writes."""
+    return [lane_name(lane, model_var.name) for model_var, _ in together.pairs]
+
+
+def combine_lanes(lanes: list[BatchedPrograms]):
+    """What ``gather`` leaves after one lane holding every task, from the shares that
+    :func:`lane_gather` left for each of ``lanes`` (in order): acc += the sum of their
+    parameters' sums; the tiled state <- the sum of their sums over every task; a value
+    every slot shares (step counts), the first lane's."""
+    import paddle
+
+    tasks = sum(together.tasks for together in lanes)
+    first = lanes[0]
+
+    def body(get):
+        for model_var, slot in first.pairs:
+            shares = [get(model_var, lane_name(i, model_var.name)) for i in range(len(lanes))]
+            if model_var.name in first.params:
+                acc = get(model_var, model_var.name + ACC)
+                paddle.assign(paddle.add(acc, paddle.add_n(shares)), acc)
+            elif _size(slot) != _size(model_var):
+                paddle.assign(paddle.scale(paddle.add_n(shares), 1.0 / tasks), get(model_var))
+            else:
+                paddle.assign(shares[0], get(model_var))
+
+    return _program(body)
 
 
 def _unprefixed(name: str, prefix: str) -> str:

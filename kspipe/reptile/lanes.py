@@ -2,9 +2,8 @@
 
 Paddle lets go of the GIL while a program runs, so lanes on threads of their own use
 several cores at once.  A lane other than the model's own has a child scope of the model's
-scope: it holds what the lane writes (the slots of the tasks it adapts side by side, and
-the variables it is given to keep apart) and reads the rest, theta and the optimiser state,
-from the model's.
+scope: it holds what the lane writes (the slots of the tasks it adapts side by side) and
+reads the rest, theta and the optimiser state, from the model's.
 
 One executor, one thread: each lane keeps one thread for its whole life, never a pool's,
 and the model's own executor runs only on the job's thread.  Paddle's oneDNN kernels cache
@@ -28,14 +27,12 @@ _numbers = itertools.count()  # each lane's thread's name, kspipe-lane-<n>
 
 class Lane:
     """An executor and a scope to run programs in, and its own thread to run work on; for
-    a lane that adapts tasks side by side, their programs and the variables it holds
-    itself."""
+    a lane that adapts tasks side by side, their programs."""
 
-    def __init__(self, executor, scope, together=None, own=()):
+    def __init__(self, executor, scope, together=None):
         self.exe = executor
         self.scope = scope
         self.together = together
-        self.own = list(own)
         self._thread: ThreadPoolExecutor | None = None  # started by the first submit
 
     def submit(self, work, *args) -> Future:
@@ -59,10 +56,9 @@ class Lane:
         self.scope.find_var(name).get_tensor().set(value, self.exe.place)
 
 
-def child_lane(scope, place, together, own=()) -> Lane:
+def child_lane(scope, place, together) -> Lane:
     """A lane for ``together``'s programs: a new executor on ``place`` and a child scope of
-    ``scope`` that holds the slot variables and the variables ``own`` (the rest it reads
-    from the parent)."""
+    ``scope`` that holds the slot variables (the rest it reads and writes in the parent)."""
     import paddle
 
     child = scope.new_scope()
@@ -71,9 +67,9 @@ def child_lane(scope, place, together, own=()) -> Lane:
     # are its feed and fetch holders.
     child.var("feed")
     child.var("fetch")
-    for name in [v.name for v in together.startup.list_vars()] + list(own):
+    for name in [v.name for v in together.startup.list_vars()]:
         child.var(name).get_tensor()
-    lane = Lane(paddle.static.Executor(place), child, together, own)
+    lane = Lane(paddle.static.Executor(place), child, together)
     lane.submit(Lane.run, together.startup).result()
     return lane
 

@@ -15,9 +15,10 @@ from kspipe import checkpoint
 from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
-from kspipe.reptile.batched import tasks_together, train_lanes
+from kspipe.reptile.batched import (combine_lanes, lane_gather, lane_shares, tasks_together,
+                                     train_lanes)
 from kspipe.reptile.lanes import child_lane, run_on_lanes
-from kspipe.reptile.programs import ACC, inner_batches, meta_step_size, tail_split
+from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
 from kspipe.reptile.tasks import training_task
 
 
@@ -56,17 +57,23 @@ class ReptileLearner(Adapter):
         self.eval_together = programs.batched.get(in_evaluation)
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
+        self._lane_gathers: list = []  # each lane's gather of its share (batched.lane_gather)
+        self._combine_lanes = None  # every lane's shares combined (batched.combine_lanes)
 
     def train_lanes(self) -> list:
-        """One lane per share of the meta-batch (``train.threads``); each gathers its tasks
-        into its own accumulator and optimiser state, which :meth:`adapt_on_lanes` combines."""
+        """One lane per share of the meta-batch (``train.threads``); each sums its tasks'
+        adapted copies into shares of its own in the model's scope, which
+        :meth:`adapt_on_lanes` then combines in one program."""
         if self._train_lanes is None:
-            self._train_lanes = []
-            for size in self._train_sizes:
-                together = self.p.batched[size]
-                own = [v.name for v in together.gather.list_vars()
-                       if v.persistable and not v.name.startswith(f"tasks{size}.")]
-                self._train_lanes.append(child_lane(self.scope, self.exe.place, together, own))
+            lanes = [child_lane(self.scope, self.exe.place, self.p.batched[size])
+                     for size in self._train_sizes]
+            togethers = [lane.together for lane in lanes]
+            for i, together in enumerate(togethers):
+                for name in lane_shares(together, i):  # in the model's scope, not the lane's
+                    self.scope.var(name).get_tensor()
+            self._lane_gathers = [lane_gather(t, i) for i, t in enumerate(togethers)]
+            self._combine_lanes = combine_lanes(togethers) if lanes else None
+            self._train_lanes = lanes
         return self._train_lanes
 
     def close(self) -> None:
@@ -160,40 +167,26 @@ class ReptileLearner(Adapter):
         return loss
 
     def adapt_on_lanes(self, tasks: list, lanes: list) -> float:
-        """The meta-batch's tasks shared among ``lanes``, each share side by side on its
-        lane's thread from the model's current state; then acc holds the sum of all the
-        adapted weights and the optimiser state their mean, as one lane holding every task
-        leaves them.  Returns the mean last loss."""
+        """The meta-batch's tasks shared among ``lanes`` (:meth:`train_lanes`), each share
+        side by side on its lane's thread from the model's current state; then acc holds
+        the sum of all the adapted weights and the optimiser state their mean, as one lane
+        holding every task leaves them.  Returns the mean last loss."""
         cfg = self.cfg.train
-        own = lanes[0].own  # the same names in every lane
-        state = dict(zip(own, self.values(own)))
-        for lane in lanes:  # each lane's copies start from the model's state, acc from 0
-            for name, value in state.items():
-                lane.set(name, np.zeros_like(value) if name.endswith(ACC) else value)
         shares, start = [], 0
         for lane in lanes:
             shares.append(tasks[start:start + lane.together.tasks])
             start += lane.together.tasks
 
-        def adapt(lane, share):
+        def adapt(lane, work):
+            share, gather = work
             loss = self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
                                        lane)
-            lane.run(lane.together.gather)
+            lane.run(gather)
             return loss
 
-        losses = run_on_lanes(adapt, lanes, shares)
-        total = len(tasks)
-        for name in own:
-            values = [lane.value(name) for lane in lanes]
-            if name.endswith(ACC):
-                combined = state[name] + sum(values)
-            elif all(np.array_equal(v, values[0]) for v in values):
-                combined = values[0]
-            else:  # the mean over every task: each lane holds the mean over its share
-                combined = sum(v.astype(np.float64) * lane.together.tasks
-                               for v, lane in zip(values, lanes)) / total
-            self.lane.set(name, combined.astype(values[0].dtype))
-        return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / total)
+        losses = run_on_lanes(adapt, lanes, list(zip(shares, self._lane_gathers)))
+        self.run(self._combine_lanes)
+        return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / len(tasks))
 
     def sync(self) -> None:
         """The mode's exchange of the parameters; theta follows them."""
