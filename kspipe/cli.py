@@ -45,14 +45,15 @@ def main() -> None:
 
         sys.exit(datafeed_main(args[1:]))
     stopping.end_quickly()
-    if not ANSWERS.intersection(args):  # a job may run: Paddle's signal handlers go
-        stopping.install()
+    runs = not ANSWERS.intersection(args)  # a job may run
+    if runs:
+        stopping.handle_stop_signals()
     try:
         pm = get_plugin_manager()
         extra_dirs = [d for dirs in pm.hook.kspipe_config_dirs() for d in dirs]
         schemas = plugin_schemas(pm)
         check_experiments(args, extra_dirs)
-        check_config(args, extra_dirs, schemas)
+        cfg = check_config(args, extra_dirs, schemas)
     except KspipeError as err:
         fail(err)
     if asks_for_help(args):
@@ -63,6 +64,9 @@ def main() -> None:
         if text is not None:
             print(text)
             return
+    if runs:
+        record_early(cfg)
+        stopping.install()  # Paddle's import, and its signal handlers go
     if extra_dirs:
         args.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     args += search_direction(args)
@@ -182,9 +186,10 @@ def read_overrides(args: list[str]) -> list:
 SWEEP_CHECKS = 32
 
 
-def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = None) -> None:
+def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = None):
     """Compose the config as Hydra is about to, so that a value of the wrong type or an
     unknown key is one line (:func:`kspipe.config.compose`), not Hydra's several.
+    Returns the first job's config (None where Hydra's own flags take over).
 
     With ``-m`` each value of a sweep is composed once, in place of the sweep.
     """
@@ -194,11 +199,29 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
 
     given = command_line_overrides(args)
     if given is None:
-        return
+        return None
     overrides, multirun = given
     variants = sweep_variants(overrides) if multirun else [overrides]
+    first = None
     for variant in itertools.islice(variants, 1 + SWEEP_CHECKS):
-        compose(variant, extra_dirs, schemas)
+        cfg = compose(variant, extra_dirs, schemas)
+        first = cfg if first is None else first
+    return first
+
+
+def record_early(cfg) -> None:
+    """Start the MLflow recorder of a job that records its run, before Paddle's import, so
+    that MLflow's import runs beside it (:func:`kspipe.observers.recorder.start_early`).
+    Not in a process a scheduler started as a job's role: its first worker records, the
+    others never do."""
+    if cfg is None or not cfg.tracking.enabled:
+        return
+    if role_from_environment("pserver") or role_from_environment("collective"):
+        return
+    from kspipe.observers.recorder import start_early
+    from kspipe.observers.store import tracking_uri
+
+    start_early(tracking_uri(cfg))
 
 
 def command_line_overrides(args: list[str]):

@@ -44,11 +44,18 @@ class Preempted(KeyboardInterrupt):
 
 
 def install() -> None:
-    """Replace Paddle's handlers of SIGTERM and SIGINT with :class:`Preempted` (main thread)."""
-    global _requested
+    """Replace Paddle's handlers of SIGTERM and SIGINT with :class:`Preempted` (main thread);
+    this imports Paddle, whose import installs them."""
     import paddle
 
     paddle.disable_signal_handler()
+    handle_stop_signals()
+
+
+def handle_stop_signals() -> None:
+    """SIGTERM and SIGINT raise :class:`Preempted` (main thread) until Paddle's import
+    replaces them: :func:`install` after it."""
+    global _requested
     _requested = None
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _handle)

@@ -7,6 +7,10 @@ MLflow nor waits for SQLite.  Requests go through a pipe in the order they are m
 ones that need an answer (the run's id, its end) wait for it, the others (metrics,
 artifacts) do not.
 
+A ``kspipe`` command whose config records its run starts the recorder before it imports
+Paddle (:func:`start_early`), so that MLflow's import (2-4 s) runs beside Paddle's too;
+the run takes that recorder (:meth:`Recorder.take`).
+
 If the job's process dies, even by SIGKILL, the pipe closes and the recorder ends the run
 it made FAILED: no run is left RUNNING.  It ignores SIGINT and SIGTERM (a Ctrl-C or a
 scheduler's preemption reaches the whole process group): the job's process decides how
@@ -35,22 +39,34 @@ class Recorder:
         self.waiting = 0  # answers asked for and not yet read
 
     @classmethod
-    def start(cls) -> "Recorder":
+    def start(cls, uri: str | None = None) -> "Recorder":
         """A recorder process, with the job's import path (a plugin's predictor module
-        must import there too) and its working folder (MLflow's ``./mlruns``)."""
+        must import there too) and its working folder (MLflow's ``./mlruns``); it imports
+        what a store at ``uri`` needs while it waits for its first request."""
         to_child, requests = os.pipe()
         answers, from_child = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
-                 str(from_child)], pass_fds=(to_child, from_child), env=env,
-                stdin=subprocess.DEVNULL)
+                 str(from_child), *([uri] if uri else [])], pass_fds=(to_child, from_child),
+                env=env, stdin=subprocess.DEVNULL)
         finally:
             os.close(to_child)
             os.close(from_child)
         return cls(process, Connection(requests, readable=False),
                    Connection(answers, writable=False))
+
+    @classmethod
+    def take(cls) -> "Recorder":
+        """The recorder :func:`start_early` started, if it is still there; else a new one."""
+        global _early
+        recorder, _early = _early, None
+        if recorder is not None and recorder.process.poll() is None:
+            return recorder
+        if recorder is not None:
+            recorder.close()
+        return cls.start()
 
     def send(self, request: str, *args) -> None:
         """Ask for ``request`` without waiting for it (its error, if any, is said by the
@@ -85,6 +101,18 @@ class Recorder:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+_early: Recorder | None = None  # started by start_early, not yet taken by a run
+
+
+def start_early(uri: str) -> None:
+    """Start the recorder that this process's first run will take, importing what a store
+    at ``uri`` needs.  Unused, it ends with this process (its pipe closes), having made
+    nothing."""
+    global _early
+    if _early is None:
+        _early = Recorder.start(uri)
 
 
 # --- the recorder process --------------------------------------------------------------
@@ -252,12 +280,23 @@ def serve(requests: Connection, answers: Connection) -> None:
             say(f"MLflow did not record the run's {name}: {error}")
 
 
+def prepare(uri: str) -> None:
+    """Import what opening a store at ``uri`` will (MLflow, and for a database its
+    SQLAlchemy store: 2-4 s), before the first request comes; nothing is opened."""
+    import mlflow  # noqa: F401
+
+    if not uri.startswith(("file:", "http:", "https:", "databricks")) and "://" in uri:
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def main(argv: list[str]) -> None:
     ignore_stop_signals()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     requests = Connection(int(argv[0]), writable=False)
     answers = Connection(int(argv[1]), readable=False)
     try:
+        if len(argv) > 2:
+            prepare(argv[2])
         serve(requests, answers)
     except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
         pass

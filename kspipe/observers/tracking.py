@@ -67,7 +67,7 @@ class MlflowTracker:
             return
         self.owner = not (os.environ.get(RUN_ENV) and not role.is_launcher)
         create = self.new_run(cfg, run_dir) if self.owner else None
-        self.recorder = Recorder.start()
+        self.recorder = Recorder.take()
         self.recorder.ask("open", tracking_uri(cfg), cfg.tracking.experiment,
                           None if self.owner else os.environ[RUN_ENV], create)
         if role.is_launcher:

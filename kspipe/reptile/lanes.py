@@ -86,7 +86,18 @@ def one_math_thread() -> None:
 def run_on_lanes(work, lanes: list, items: list) -> list:
     """``work(lane, item)`` for each lane and its item, each on its lane's thread; the
     results in order once all finished (the first one's error, if any, raised again)."""
-    futures = [lane.submit(work, item) for lane, item in zip(lanes, items)]
+    return results(start_on_lanes(work, lanes, items))
+
+
+def start_on_lanes(work, lanes: list, items: list) -> list[Future]:
+    """``work(lane, item)`` for each lane and its item, started on its lane's thread: the
+    caller's thread is free until it asks for the :func:`results`."""
+    return [lane.submit(work, item) for lane, item in zip(lanes, items)]
+
+
+def results(futures: list[Future]) -> list:
+    """The results of ``futures`` in order once all finished (the first one's error, if
+    any, raised again)."""
     wait(futures)
     return [future.result() for future in futures]
 

@@ -17,7 +17,7 @@ from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
 from kspipe.reptile.batched import (combine_lanes, lane_gather, lane_shares, tasks_together,
                                      train_lanes)
-from kspipe.reptile.lanes import child_lane, run_on_lanes
+from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
 from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
 from kspipe.reptile.tasks import training_task
 
@@ -57,24 +57,30 @@ class ReptileLearner(Adapter):
         self.eval_together = programs.batched.get(in_evaluation)
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
-        self._lane_gathers: list = []  # each lane's gather of its share (batched.lane_gather)
-        self._combine_lanes = None  # every lane's shares combined (batched.combine_lanes)
+        self._gathering = None  # (each lane's gather, their combine), built when first used
 
     def train_lanes(self) -> list:
         """One lane per share of the meta-batch (``train.threads``); each sums its tasks'
         adapted copies into shares of its own in the model's scope, which
         :meth:`adapt_on_lanes` then combines in one program."""
         if self._train_lanes is None:
-            lanes = [child_lane(self.scope, self.exe.place, self.p.batched[size])
-                     for size in self._train_sizes]
-            togethers = [lane.together for lane in lanes]
-            for i, together in enumerate(togethers):
-                for name in lane_shares(together, i):  # in the model's scope, not the lane's
+            self._train_lanes = [child_lane(self.scope, self.exe.place, self.p.batched[size])
+                                 for size in self._train_sizes]
+            for i, lane in enumerate(self._train_lanes):
+                for name in lane_shares(lane.together, i):  # the model's scope holds them
                     self.scope.var(name).get_tensor()
-            self._lane_gathers = [lane_gather(t, i) for i, t in enumerate(togethers)]
-            self._combine_lanes = combine_lanes(togethers) if lanes else None
-            self._train_lanes = lanes
         return self._train_lanes
+
+    def gathering(self, lanes: list) -> tuple:
+        """Each of ``lanes``' gather of its share (:func:`~kspipe.reptile.batched.lane_gather`)
+        and the program that combines them (:func:`~kspipe.reptile.batched.combine_lanes`),
+        built the first time (~0.7 s: the first meta-iteration builds them while the lanes
+        adapt)."""
+        if self._gathering is None:
+            togethers = [lane.together for lane in lanes]
+            self._gathering = ([lane_gather(t, i) for i, t in enumerate(togethers)],
+                               combine_lanes(togethers))
+        return self._gathering
 
     def close(self) -> None:
         """Stop every lane's thread (the learner is not used after)."""
@@ -177,15 +183,17 @@ class ReptileLearner(Adapter):
             shares.append(tasks[start:start + lane.together.tasks])
             start += lane.together.tasks
 
-        def adapt(lane, work):
-            share, gather = work
-            loss = self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
+        def adapt(lane, share):
+            return self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
                                        lane)
-            lane.run(gather)
-            return loss
 
-        losses = run_on_lanes(adapt, lanes, list(zip(shares, self._lane_gathers)))
-        self.run(self._combine_lanes)
+        adapting = start_on_lanes(adapt, lanes, shares)
+        try:
+            gathers, combine = self.gathering(lanes)
+        finally:
+            losses = results(adapting)
+        run_on_lanes(Lane.run, lanes, gathers)
+        self.run(combine)
         return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / len(tasks))
 
     def sync(self) -> None:

@@ -122,3 +122,55 @@ def processes_marked(mark: str) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return sorted(found)
+
+
+@pytest.mark.parametrize("setting, recorded", [
+    ({}, True), ({"tracking.enabled": "false"}, False),
+    ({"env": ("TRAINING_ROLE", "PSERVER")}, False)], ids=["tracked", "untracked", "a role"])
+def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_data, monkeypatch,
+                                                                setting, recorded):
+    """MLflow's import (2-4 s) runs beside Paddle's: the recorder the run will take is
+    started before ``stopping.install`` imports Paddle.  Not for a run that records
+    nothing, nor in a process a scheduler started as a role (its first worker records)."""
+    from kspipe import cli, stopping
+    from kspipe.observers import recorder
+
+    if "env" in setting:
+        monkeypatch.setenv(*setting["env"])
+    started = []
+
+    def install():  # where the command would import Paddle: stop there
+        started.append(recorder._early)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(stopping, "install", install)
+    args = tiny_overrides(tmp_path, tiny_data) + [
+        f"{k}={v}" for k, v in setting.items() if k != "env"]
+    monkeypatch.setattr(sys, "argv", ["kspipe", "+experiment=omniglot_5way", *args])
+    try:
+        with pytest.raises(SystemExit):
+            cli.main()
+        early = started[0]
+        assert (early is not None) == recorded
+        if recorded:
+            assert early.process.poll() is None  # importing MLflow, or waiting for the run
+            assert recorder.Recorder.take() is early and recorder._early is None
+    finally:
+        if started and started[0] is not None:
+            started[0].close()
+        recorder._early = None
+
+
+def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
+    from kspipe.observers import recorder
+
+    dead = recorder.Recorder.start()
+    dead.process.kill()
+    dead.process.wait()
+    monkeypatch.setattr(recorder, "_early", dead)
+    taken = recorder.Recorder.take()
+    try:
+        assert taken is not dead and taken.process.poll() is None
+        assert recorder._early is None
+    finally:
+        taken.close()
