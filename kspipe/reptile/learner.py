@@ -58,6 +58,7 @@ class ReptileLearner(Adapter):
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
         self._gathering = None  # (each lane's gather, their combine), built when first used
+        self._warming: list = []  # the lanes' first steps under way (warm_up)
 
     def train_lanes(self) -> list:
         """One lane per share of the meta-batch (``train.threads``); each sums its tasks'
@@ -70,6 +71,20 @@ class ReptileLearner(Adapter):
                 for name in lane_shares(lane.together, i):  # the model's scope holds them
                     self.scope.var(name).get_tensor()
         return self._train_lanes
+
+    def warm_up(self) -> None:
+        """Start each training lane's first step now, on blank images, while the job's
+        thread prepares the rest: a program's first run is its costliest (~1 s: Paddle
+        prepares it and oneDNN builds its kernels).  Only the lane's slots take the step,
+        and every meta-iteration spreads the model's state over them first."""
+        height, width, channels = self.dataset.image_shape
+        batch = self.cfg.train.inner_batch
+        for lane in self.train_lanes():
+            together = lane.together
+            feed = together.stack(
+                [np.zeros((batch, channels, height, width), np.float32)] * together.tasks,
+                [np.zeros((batch, 1), np.int64)] * together.tasks)
+            self._warming.append(lane.submit(Lane.run, together.train_program, feed))
 
     def gathering(self, lanes: list) -> tuple:
         """Each of ``lanes``' gather of its share (:func:`~kspipe.reptile.batched.lane_gather`)
@@ -187,11 +202,12 @@ class ReptileLearner(Adapter):
             return self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
                                        lane)
 
+        warming, self._warming = self._warming, []  # the lanes' first steps, if under way
         adapting = start_on_lanes(adapt, lanes, shares)
         try:
             gathers, combine = self.gathering(lanes)
         finally:
-            losses = results(adapting)
+            losses = results(warming + adapting)[len(warming):]
         run_on_lanes(Lane.run, lanes, gathers)
         self.run(combine)
         return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / len(tasks))

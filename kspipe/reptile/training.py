@@ -41,6 +41,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
 
     needed = cfg.task.shots + cfg.eval.queries
     learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
+    if not cfg.get("evaluate"):
+        learner.warm_up()  # beside what follows
     learner.initialize()
     if cfg.get("evaluate"):
         return evaluate_checkpoints(learner, cfg.evaluate)

@@ -174,3 +174,23 @@ def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner
     assert threads.pop(id(learner.exe)) == {threading.get_ident()}
     assert len(threads) == 4  # two lanes training, two evaluating
     assert all(len(ran_on) == 1 for ran_on in threads.values()), threads
+
+
+def test_the_training_lanes_first_step_on_blank_images_leaves_no_trace(make_learner):
+    """``warm_up`` runs each lane's first step while the job's thread prepares the rest: the
+    meta-iterations after it are those of a learner that never ran it, bit for bit."""
+    warmed = make_learner("train.meta_batch=5", "train.threads=2")
+    plain = make_learner("train.meta_batch=5", "train.threads=2")
+    try:
+        warmed.warm_up()
+        assert len(warmed._warming) == 2
+        names = warmed.p.state + [n + THETA for n in warmed.p.params]
+        for i in range(2):
+            for learner in (warmed, plain):
+                learner.meta_iteration(i, learner.train_tasks(i))
+        for name, value in values(plain, names).items():
+            np.testing.assert_array_equal(values(warmed, [name])[name], value, err_msg=name)
+        assert warmed._warming == []
+    finally:
+        warmed.close()
+        plain.close()
