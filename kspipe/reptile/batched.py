@@ -26,8 +26,8 @@ every lane's sums what ``gather`` makes of one lane holding every task.
 
 from __future__ import annotations
 
+import contextlib
 import os
-
 from dataclasses import dataclass, field
 
 from kspipe.reptile.programs import ACC
@@ -42,7 +42,6 @@ class BatchedPrograms:
     train: object  # one step of every slot: feeds x [batch, T*C, H, W], y [T, batch, 1]
     forward: object  # logits [T, batch, ways] (batch statistics), no update
     spread: object  # every slot <- the model's state
-    gather: object  # acc += sum of the slots' parameters; optimiser state <- the slots' mean
     x: object
     y: object
     loss: object  # the sum over the slots of each task's mean loss
@@ -51,6 +50,17 @@ class BatchedPrograms:
     compiled_train: object = None  # set by the compile stage; runs like ``train``
     pairs: list = field(default_factory=list)  # [(model variable, its slot variable)]
     params: tuple = ()  # the model's parameters' names (the rest of pairs is state)
+    _gather: object = None
+
+    @property
+    def gather(self):
+        """acc += sum of the slots' parameters; optimiser state <- the slots' mean.  Built
+        when first asked for (~0.2 s): evaluation never gathers, nor do the lanes that
+        share a meta-batch (:func:`lane_gather`)."""
+        if self._gather is None:
+            self._gather = _program(lambda get: _gather(get, self.pairs, self.params,
+                                                         self.tasks), f"tasks{self.tasks}.")
+        return self._gather
 
     @property
     def train_program(self):
@@ -169,7 +179,6 @@ def _build(programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_op
     return BatchedPrograms(
         tasks=tasks, startup=startup, train=train, forward=forward,
         spread=_program(lambda get: _spread(get, pairs, tasks)),
-        gather=_program(lambda get: _gather(get, pairs, programs.params, tasks)),
         decay=decay, x=x, y=y, loss=loss, logits=logits, pairs=pairs,
         params=tuple(programs.params))
 
@@ -203,8 +212,10 @@ def _grouped_network(x, tasks: int, prefix: str, ways: int, model):
     return paddle.add(paddle.bmm(h, weight), bias)
 
 
-def _program(body):
-    """A program of ``body(get)``'s ops, where ``get(var)`` declares a scope variable in it."""
+def _program(body, prefix: str = ""):
+    """A program of ``body(get)``'s ops, where ``get(var)`` declares a scope variable in it;
+    with ``prefix``, the names of its temporaries begin with it (programs built later than
+    the side-by-side ones, outside their ``tasks<T>.`` names)."""
     import paddle
 
     program = paddle.static.Program()
@@ -216,7 +227,8 @@ def _program(body):
             return block.var(name)
         return block.create_var(name=name, shape=var.shape, dtype=var.dtype, persistable=True)
 
-    with paddle.static.program_guard(program, paddle.static.Program()):
+    names = paddle.utils.unique_name.guard(prefix) if prefix else contextlib.nullcontext()
+    with names, paddle.static.program_guard(program, paddle.static.Program()):
         body(get)
     return program
 
@@ -276,7 +288,7 @@ def lane_gather(together: BatchedPrograms, lane: int):
             else:
                 _into("assign", get(slot), share)
 
-    return _program(body)
+    return _program(body, f"lane{lane}.")
 
 
 def lane_shares(together: BatchedPrograms, lane: int) -> list[str]:
@@ -306,7 +318,7 @@ def combine_lanes(lanes: list[BatchedPrograms]):
             else:
                 _into("assign", shares[0], get(model_var))
 
-    return _program(body)
+    return _program(body, "lanes.")
 
 
 def _into(op_type: str, x, out, **attrs) -> None:
