@@ -211,9 +211,9 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
 
 def record_early(cfg) -> None:
     """Start the MLflow recorder of a job that records its run, before Paddle's import, so
-    that MLflow's import runs beside it (:func:`kspipe.observers.recorder.start_early`).
-    Not in a process a scheduler started as a job's role: its first worker records, the
-    others never do."""
+    that MLflow's import runs beside it (:func:`kspipe.observers.recorder.start_early`; a
+    sweep's first job takes it).  Not in a process a scheduler started as a job's role:
+    its first worker records, the others never do."""
     if cfg is None or not cfg.tracking.enabled:
         return
     if role_from_environment("pserver") or role_from_environment("collective"):

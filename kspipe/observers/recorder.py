@@ -20,6 +20,8 @@ in one line.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -108,11 +110,22 @@ _early: Recorder | None = None  # started by start_early, not yet taken by a run
 
 def start_early(uri: str) -> None:
     """Start the recorder that this process's first run will take, importing what a store
-    at ``uri`` needs.  Unused, it ends with this process (its pipe closes), having made
-    nothing."""
+    at ``uri`` needs.  If no run takes it (the job handed to a scheduler, or stopped before
+    its run began), it is ended with this process, having made nothing: it must not outlive
+    the command, holding its output open."""
     global _early
     if _early is None:
         _early = Recorder.start(uri)
+        atexit.register(_end_untaken)
+
+
+def _end_untaken() -> None:
+    global _early
+    recorder, _early = _early, None
+    if recorder is not None:
+        recorder.process.kill()  # it ignores SIGTERM, and it has nothing to write
+        recorder.process.wait()
+        recorder.close()
 
 
 # --- the recorder process --------------------------------------------------------------
@@ -296,7 +309,8 @@ def main(argv: list[str]) -> None:
     answers = Connection(int(argv[1]), readable=False)
     try:
         if len(argv) > 2:
-            prepare(argv[2])
+            with contextlib.suppress(Exception):  # opening the store will say what failed
+                prepare(argv[2])
         serve(requests, answers)
     except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
         pass

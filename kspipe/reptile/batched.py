@@ -58,8 +58,10 @@ class BatchedPrograms:
         when first asked for (~0.2 s): evaluation never gathers, nor do the lanes that
         share a meta-batch (:func:`lane_gather`)."""
         if self._gather is None:
-            self._gather = _program(lambda get: _gather(get, self.pairs, self.params,
-                                                         self.tasks), f"tasks{self.tasks}.")
+            def body(get):
+                _gather(get, self.pairs, self.params, self.tasks)
+
+            self._gather = _program(body, f"tasks{self.tasks}.gather.")
         return self._gather
 
     @property
@@ -288,7 +290,7 @@ def lane_gather(together: BatchedPrograms, lane: int):
             else:
                 _into("assign", get(slot), share)
 
-    return _program(body, f"lane{lane}.")
+    return _program(body, f"lane{lane}.gather.")
 
 
 def lane_shares(together: BatchedPrograms, lane: int) -> list[str]:
@@ -299,8 +301,8 @@ def lane_shares(together: BatchedPrograms, lane: int) -> list[str]:
 def combine_lanes(lanes: list[BatchedPrograms]):
     """What ``gather`` leaves after one lane holding every task, from the shares that
     :func:`lane_gather` left for each of ``lanes`` (in order): acc += the sum of their
-    parameters' sums; the tiled state <- the sum of their sums over every task; a value
-    every slot shares (step counts), the first lane's."""
+    parameters' sums; the tiled state <- the sum of their sums divided by the tasks (their
+    mean over every task); a value every slot shares (step counts), the first lane's."""
     import paddle
 
     tasks = sum(together.tasks for together in lanes)
@@ -318,7 +320,7 @@ def combine_lanes(lanes: list[BatchedPrograms]):
             else:
                 _into("assign", shares[0], get(model_var))
 
-    return _program(body, "lanes.")
+    return _program(body, "lanes.combine.")
 
 
 def _into(op_type: str, x, out, **attrs) -> None:

@@ -2,8 +2,9 @@
 
 Paddle lets go of the GIL while a program runs, so lanes on threads of their own use
 several cores at once.  A lane other than the model's own has a child scope of the model's
-scope: it holds what the lane writes (the slots of the tasks it adapts side by side) and
-reads the rest, theta and the optimiser state, from the model's.
+scope: it holds the slots of the tasks the lane adapts side by side, and the lane reads
+the rest, theta and the optimiser state, from the model's (and writes there only
+variables of its own: a training lane's share of the gather).
 
 One executor, one thread: each lane keeps one thread for its whole life, never a pool's,
 and the model's own executor runs only on the job's thread.  Paddle's oneDNN kernels cache

@@ -174,3 +174,18 @@ def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
         assert recorder._early is None
     finally:
         taken.close()
+
+
+def test_a_recorder_no_run_took_ends_with_the_command(tmp_path, tiny_data):
+    """A job that stops before its run begins (here a range the workload refuses) leaves
+    no recorder behind, still importing MLflow and holding the command's output open."""
+    mark = uuid.uuid4().hex
+    with open(tmp_path / "out.txt", "w") as out:
+        job = subprocess.run(job_args(tmp_path, tiny_data, "train.replacement=true",
+                                      "train.inner_batch=1000"),
+                             cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, timeout=300,
+                             env=dict(os.environ, KSPIPE_TEST_MARK=mark))
+    assert job.returncode != 0
+    assert "train.inner_batch=1000" in (tmp_path / "out.txt").read_text()
+    assert processes_marked(mark) == []
+    assert run_statuses(tmp_path / "mlflow.db") == []

@@ -177,13 +177,15 @@ def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner
 
 
 def test_the_training_lanes_first_step_on_blank_images_leaves_no_trace(make_learner):
-    """``warm_up`` runs each lane's first step while the job's thread prepares the rest: the
-    meta-iterations after it are those of a learner that never ran it, bit for bit."""
+    """``warm_up`` runs each lane's first step while the job's thread initialises the model
+    (as a job does): the meta-iterations after it are those of a learner that never ran
+    it, bit for bit."""
     warmed = make_learner("train.meta_batch=5", "train.threads=2")
     plain = make_learner("train.meta_batch=5", "train.threads=2")
     try:
         warmed.warm_up()
         assert len(warmed._warming) == 2
+        warmed.initialize()  # beside the lanes' steps; the same seeded values again
         names = warmed.p.state + [n + THETA for n in warmed.p.params]
         for i in range(2):
             for learner in (warmed, plain):
