@@ -50,9 +50,6 @@ class Lane:
     def run(self, program, feed=None, fetch=()):
         return self.exe.run(program, feed=feed or {}, fetch_list=list(fetch), scope=self.scope)
 
-    def value(self, name: str) -> np.ndarray:
-        return np.array(self.scope.find_var(name).get_tensor())
-
     def set(self, name: str, value: np.ndarray) -> None:
         self.scope.find_var(name).get_tensor().set(value, self.exe.place)
 
