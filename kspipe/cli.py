@@ -202,11 +202,9 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
         return None
     overrides, multirun = given
     variants = sweep_variants(overrides) if multirun else [overrides]
-    first = None
-    for variant in itertools.islice(variants, 1 + SWEEP_CHECKS):
-        cfg = compose(variant, extra_dirs, schemas)
-        first = cfg if first is None else first
-    return first
+    composed = [compose(variant, extra_dirs, schemas)
+                for variant in itertools.islice(variants, 1 + SWEEP_CHECKS)]
+    return composed[0] if composed else None
 
 
 def record_early(cfg) -> None:
