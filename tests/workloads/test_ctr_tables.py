@@ -63,14 +63,17 @@ def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers, monke
     assert restored["test_auc"] == pytest.approx(before["test_auc"], abs=1e-6)
     assert restored["test_auc"] != 0.5  # not a fresh model's
     # one more epoch goes on from the restored tables. Async runs are not repeatable (Hogwild
-    # threads, pulls on a timer), so a resumed run is not compared with an uninterrupted one
-    # here (seen: two epochs 0.697-0.719 uninterrupted, 0.683-0.715 resumed); one epoch alone
-    # scores 0.655-0.663, which is what a resume that lost the tables would score
+    # threads, pulls on a timer), and their test AUC after one epoch and after two overlap
+    # (seen: 0.691-0.711 one, 0.719-0.756 two resumed), so the resumed epoch's running train
+    # AUC tells: each batch is scored before its update, by a model that saw these files
+    # once if the tables came back (seen: 0.710-0.724 resumed, 0.646-0.670 for a first
+    # epoch, 5 runs each, 2 of them on a machine kept busy), as a fresh model would
+    # otherwise score them
     monkeypatch.setenv("PSERVER_DEBUG", "1")
     run("more", "ctr.epochs=2", f"resume={tmp / 'one'}")
     more = json.loads((tmp / "more" / "metrics.json").read_text())
     assert more["train_instances"] == 2 * CTR_LINES  # one epoch of this worker's two files
-    assert more["test_auc"] > before["test_auc"] + 0.01, (more, before)
+    assert more["train_auc"] > before["train_auc"] + 0.03, (more, before)
     # Paddle's servers save a dense table's Adam moments but not its powers: the resumed
     # servers start them where the saved run's pushes left them (PSERVER_DEBUG prints the
     # servers' table descriptions). A push is a batch of a reader thread (2 workers, 2
