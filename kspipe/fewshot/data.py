@@ -13,6 +13,7 @@ Two layouts are read:
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 import tempfile
@@ -50,6 +51,13 @@ class ImageClass:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def rotated(self, rotation: int) -> "ImageClass":
+        """This class turned by ``rotation`` degrees: the same images and cache, its folder
+        not listed again."""
+        turned = copy.copy(self)
+        turned.rotation = rotation
+        return turned
 
     def __repr__(self) -> str:
         rot = f", rotation={self.rotation}" if self.rotation else ""
@@ -176,8 +184,7 @@ def read_omniglot(root: str, train_characters: int, seed: int, size: int = 28,
     train = [characters[i] for i in order[:train_characters]]
     test = [characters[i] for i in order[train_characters:]]
     if augment:
-        train = [Open_KS_Character(c.dir_path, rotation=r, cache=cache, size=size)
-                 for c in train for r in (0, 90, 180, 270)]
+        train = [c.rotated(r) for c in train for r in (0, 90, 180, 270)]
     return train, [], test
 
 
@@ -238,7 +245,7 @@ def preload_images(*splits: list, store: str | None = None) -> int:
 def _store_file(store: str, keys: list) -> str:
     """The store's file for these images: their names' digest in its name, so a store
     never serves another set of files."""
-    folders = {d: os.path.relpath(d, os.path.dirname(store)) for d, _ in keys}
+    folders = {d: os.path.relpath(d, os.path.dirname(store)) for d in {d for d, _ in keys}}
     names = "\n".join(f"{folders[d]}/{n}" for d, n in keys)
     return f"{store}-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
 

@@ -51,6 +51,15 @@ class Adapter:
         for lane in self._lanes:
             lane.close()
 
+    def together(self, tasks: int):
+        """The programs that adapt ``tasks`` tasks side by side, or None (one at a time).
+        Those only evaluation uses are built the first time asked for, their slots then
+        made in this model's scope as :meth:`initialize` makes the others'."""
+        if tasks in self.p.later:
+            self.p.batched[tasks] = self.p.later.pop(tasks)()
+            self.run(self.p.batched[tasks].startup)
+        return self.p.batched.get(tasks)
+
     def initialize(self) -> None:
         """Run the startup programs and record theta."""
         self.run(self.p.startup)

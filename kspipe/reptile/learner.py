@@ -52,13 +52,18 @@ class ReptileLearner(Adapter):
         self.reporter = reporter
         self.role = role
         self.tasks_done = 0
-        in_training, in_evaluation = tasks_together(cfg)
+        in_training, self._in_evaluation = tasks_together(cfg)
         self.train_together = programs.batched.get(in_training)  # None: one task at a time
-        self.eval_together = programs.batched.get(in_evaluation)
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
         self._gathering = None  # (each lane's gather, their combine), built when first used
         self._warming: list = []  # the lanes' first steps under way (warm_up)
+
+    @property
+    def eval_together(self):
+        """The programs evaluation adapts side by side with (None: one task at a time),
+        built at the first evaluation."""
+        return self.together(self._in_evaluation)
 
     def train_lanes(self) -> list:
         """One lane per share of the meta-batch (``train.threads``); each sums its tasks'

@@ -9,12 +9,15 @@ meta-iterations w, w+W, ..., so a cluster sees the tasks of a local run of that 
 
 from __future__ import annotations
 
+import functools
+
 from kspipe import hookimpl
-from kspipe.compiling import build_options, compile_options, compile_with
+from kspipe.compiling import build_options, compile_options, compile_with, use_onednn
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_number
-from kspipe.reptile.batched import build_batched_programs, program_sizes, use_onednn_relu
+from kspipe.reptile.batched import (build_batched_programs, program_sizes, tasks_together,
+                                    train_lanes, use_onednn_relu)
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 from kspipe.reptile.training import train_and_evaluate
@@ -68,8 +71,13 @@ def kspipe_build_program(cfg, dataset, role):
                    inner_lr=cfg.train.inner_lr, inner_optimizer=cfg.train.inner_optimizer,
                    weight_decay=cfg.train.weight_decay)
     programs = build_programs(seed=cfg.seed, **options)
+    train_sizes = train_lanes(cfg) or [tasks_together(cfg)[0]]
     for tasks in program_sizes(cfg):
-        programs.batched[tasks] = build_batched_programs(programs, tasks, **options)
+        if tasks in train_sizes:
+            programs.batched[tasks] = build_batched_programs(programs, tasks, **options)
+        else:  # evaluation's, built at the first evaluation: not in the job's start-up
+            programs.later[tasks] = functools.partial(build_batched_programs, programs, tasks,
+                                                      **options)
     return programs
 
 
@@ -78,14 +86,21 @@ def kspipe_compile_program(cfg, role, programs):
     import paddle
 
     on_cpu = isinstance(role.place(), paddle.CPUPlace)
-    batched = [p for b in programs.batched.values() for p in (b.train, b.forward)]
-    programs.compiled_train = compile_options(cfg, programs.train, programs.forward, *batched,
+    programs.compiled_train = compile_options(cfg, programs.train, programs.forward,
                                               on_cpu=on_cpu)
-    if cfg.compile.onednn_conv and on_cpu:
-        use_onednn_relu(*batched)
     options = build_options(cfg)
-    for together in programs.batched.values():  # what trains side by side, built alike
+
+    def compiled(together):  # what trains side by side, built alike
+        if cfg.compile.onednn_conv and on_cpu:
+            use_onednn(together.train, together.forward)
+            use_onednn_relu(together.train, together.forward)
         together.compiled_train = compile_with(together.train, options) if options else None
+        return together
+
+    for together in programs.batched.values():
+        compiled(together)
+    for tasks, make in programs.later.items():
+        programs.later[tasks] = lambda make=make: compiled(make())
     block = programs.train.global_block()
     programs.sync = role.parameter_sync({n: list(block.var(n).shape) for n in programs.params})
     return programs

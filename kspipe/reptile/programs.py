@@ -49,6 +49,7 @@ class ReptilePrograms:
     compiled_train: object = None  # set by the compile stage; runs like ``train``
     sync: object = None  # set by the compile stage: the mode's exchange of ``params``
     batched: dict = field(default_factory=dict)  # T -> BatchedPrograms of T tasks side by side
+    later: dict = field(default_factory=dict)  # T -> a maker of those only evaluation uses
 
     @property
     def train_program(self):

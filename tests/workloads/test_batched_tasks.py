@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kspipe.fewshot.data import sample_task
+from kspipe.reptile import evaluation
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, meta_step_size
 from kspipe.reptile.tasks import EVAL_TEST_STREAM, nchw
@@ -82,15 +83,17 @@ def test_adam_meta_iteration_adapts_each_task_from_the_same_state(make_learner):
 def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner):
     learner = make_learner("eval.batch_tasks=3", "eval.tasks=5", "eval.queries=2")
     learner.meta_iteration(0, learner.train_tasks(0))
+    # built at the first evaluation, not in the job's start-up
+    assert 3 in learner.p.later and 3 not in learner.p.batched
     together, cfg = learner.eval_together, learner.cfg
-    assert together.tasks == 3
+    assert together.tasks == 3 and not learner.p.later
     before = values(learner, learner.p.state)
     batched = learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")
     for name, value in values(learner, learner.p.state).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
-    learner.eval_together = None
-    assert batched == pytest.approx(learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM,
-                                                     "test"))
+    one_by_one = evaluation.evaluate(learner, None, learner.reporter, learner.dataset.test, 5,
+                                     EVAL_TEST_STREAM, "test")
+    assert batched == pytest.approx(one_by_one)
 
     tasks = []  # the same three tasks, side by side and then one by one
     for k in range(3):
@@ -113,7 +116,7 @@ def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner)
 def test_configurations_it_does_not_cover_take_the_per_task_path(make_learner):
     learner = make_learner("train.algorithm=foml", "eval.transductive=false")
     assert learner.train_together is None and learner.eval_together is None
-    assert not learner.p.batched
+    assert not learner.p.batched and not learner.p.later
     learner.meta_iteration(0, learner.train_tasks(0))
 
 
