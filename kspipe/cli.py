@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
-from kspipe.memory import cap_arenas, serial_executor
+from kspipe.memory import cap_arenas, executor_defaults
 
 os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
 cap_arenas()  # before any thread starts
-serial_executor()  # before Paddle loads
+executor_defaults()  # before Paddle loads
 
 import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402

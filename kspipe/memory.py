@@ -1,5 +1,6 @@
 """Memory a kspipe job process keeps: the C library's malloc arenas, as many as the cores
-a process may use, not eight a core; and Paddle's executor, serial.
+a process may use, not eight a core; and Paddle's executor, serial, freeing what its
+operators leave behind a megabyte at a time.
 
 glibc gives a thread that allocates an arena of its own, up to eight per core, and memory
 freed in an arena stays with it.  A Reptile run has many threads that allocate (Paddle's
@@ -16,6 +17,16 @@ executor: 100 meta-iterations and their evaluations peaked at 0.94-0.95 GB inste
 1.55-1.57 GB, 5-15% faster, to the same numbers; the default experiment at 0.93 GB.  A
 workload that runs programs on several threads must keep each executor on one thread
 (:mod:`kspipe.reptile.lanes`, docs/plugins.md).
+
+Each program's executor hands the tensors its operators leave behind to a thread of its
+own, which frees them and then spins, waiting for more.  By default it is handed each
+tensor as it dies: every operator wakes it, and on a machine whose cores the job's
+processes share, those threads took the cores from the work (a parameter-server job of the
+classifier plugin, 2 workers and a server on 2 cores: 8% of the machine spinning, and as
+much again waking threads).  Given dead tensors ~1 MB at a time
+(``FLAGS_eager_delete_tensor_gb``), the same job ran 25-35% faster, a local one no slower;
+a Reptile run kept its speed and its numbers, with 5-15 MB more at its peak
+(BENCHMARKS.md, "Paddle's garbage collector, a megabyte at a time").
 """
 
 from __future__ import annotations
@@ -26,6 +37,10 @@ import os
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 ARENA_ENV = "MALLOC_ARENA_MAX"  # the user's own cap, which glibc read at the process's start
 SERIAL_ENV = "FLAGS_new_executor_serial_run"  # read by Paddle when it loads
+FREE_ENV = "FLAGS_eager_delete_tensor_gb"  # likewise
+#: kspipe's defaults for them
+EXECUTOR_DEFAULTS = {SERIAL_ENV: "1",  # operators on the thread that runs the program
+                     FREE_ENV: "0.001"}  # dead tensors freed a megabyte at a time
 
 
 def cap_arenas() -> bool:
@@ -49,7 +64,9 @@ def threaded_executor() -> None:
     paddle.set_flags({SERIAL_ENV: False})
 
 
-def serial_executor() -> None:
-    """Paddle's executor runs operators on the calling thread in this process, unless the
-    user set ``FLAGS_new_executor_serial_run``; before Paddle loads."""
-    os.environ.setdefault(SERIAL_ENV, "1")
+def executor_defaults() -> None:
+    """Paddle's executor as kspipe runs it, in this process, before Paddle loads: operators
+    on the calling thread, dead tensors freed a megabyte at a time
+    (:data:`EXECUTOR_DEFAULTS`), each unless the user set it."""
+    for name, value in EXECUTOR_DEFAULTS.items():
+        os.environ.setdefault(name, value)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
-from kspipe.memory import cap_arenas, serial_executor
+from kspipe.memory import cap_arenas, executor_defaults
 from kspipe.modes.plan import share_cores
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 cap_arenas()  # before any thread starts
-serial_executor()  # before Paddle loads
+executor_defaults()  # before Paddle loads
 share_cores(os.environ)  # before Paddle loads OpenMP, whoever started this role
 
 

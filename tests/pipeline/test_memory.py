@@ -1,6 +1,6 @@
 """A kspipe process caps glibc's malloc arenas at its cores (kspipe/memory.py): threads that
 allocate then share arenas instead of each keeping one's freed memory; and runs Paddle's
-executor serially, Reptile's lanes included."""
+executor serially, Reptile's lanes included, freeing dead tensors a megabyte at a time."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kspipe.memory import SERIAL_ENV
+from kspipe.memory import FREE_ENV, SERIAL_ENV
 from kspipe.testing import run_kspipe, tiny_overrides
 
 #: Starts 16 threads that each allocate and wait for the others (a thread gets an arena of
@@ -54,17 +54,21 @@ def test_a_kspipe_process_has_as_many_arenas_as_cores():
     assert arenas("kspipe", {"MALLOC_ARENA_MAX": "5"}) == 5  # the user's own cap is kept
 
 
-def test_a_kspipe_process_runs_paddles_executor_serially_unless_told_otherwise():
-    ask = "import kspipe.{}, paddle; print(paddle.get_flags(['{}'])['{}'])"
-    for module in ("cli", "worker"):
-        for given, expected in ((None, "True"), ("0", "False")):
-            env = {k: v for k, v in os.environ.items() if k != SERIAL_ENV}
-            if given is not None:
-                env[SERIAL_ENV] = given
-            result = subprocess.run([sys.executable, "-c", ask.format(module, SERIAL_ENV,
-                                                                      SERIAL_ENV)],
-                                    capture_output=True, text=True, env=env, timeout=120)
-            assert result.stdout.strip() == expected, result.stderr[-2000:]
+def test_a_kspipe_process_sets_paddles_executor_unless_told_otherwise():
+    """Serial, and dead tensors freed a megabyte at a time (Paddle's default hands each to
+    its collector's thread as it dies); a user's own values are kept."""
+    flags = [SERIAL_ENV, FREE_ENV]
+    ask = "import {}paddle; print(*paddle.get_flags({!r}).values())"
+    for module, given, expected in (
+            ("kspipe.cli, ", {}, "True 0.001"), ("kspipe.worker, ", {}, "True 0.001"),
+            ("kspipe.cli, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("kspipe.worker, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("", {}, "False 0.0")):  # Paddle's own defaults
+        env = {k: v for k, v in os.environ.items() if k not in flags}
+        result = subprocess.run([sys.executable, "-c", ask.format(module, flags)],
+                                capture_output=True, text=True, env={**env, **given},
+                                timeout=120)
+        assert result.stdout.strip() == expected, (module, given, result.stderr[-2000:])
 
 
 @pytest.mark.parametrize("evaluation", [
