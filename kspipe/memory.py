@@ -22,10 +22,10 @@ Each program's executor hands the tensors its operators leave behind to a thread
 own, which frees them and then spins, waiting for more.  By default it is handed each
 tensor as it dies: every operator wakes it, and on a machine whose cores the job's
 processes share, those threads took the cores from the work (a parameter-server job of the
-classifier plugin, 2 workers and a server on 2 cores: 8% of the machine spinning, and as
-much again waking threads).  Given dead tensors ~1 MB at a time
-(``FLAGS_eager_delete_tensor_gb``), the same job ran 25-35% faster, a local one no slower;
-a Reptile run kept its speed and its numbers, with 5-15 MB more at its peak
+classifier plugin, 2 workers and a server on 2 cores: 8% of the machine spinning, and
+more in the kernel waking threads).  Given dead tensors ~1 MB at a time
+(``FLAGS_eager_delete_tensor_gb``), the same job ran ~40% faster and a local one ~15%; a
+Reptile run kept its speed and its numbers, with 5-15 MB more at its peak
 (BENCHMARKS.md, "Paddle's garbage collector, a megabyte at a time").
 """
 
