@@ -48,6 +48,7 @@ def main() -> None:
     runs = not ANSWERS.intersection(args)  # a job may run
     if runs:
         stopping.handle_stop_signals()
+        start_recorder(args)
     try:
         pm = get_plugin_manager()
         extra_dirs = [d for dirs in pm.hook.kspipe_config_dirs() for d in dirs]
@@ -207,19 +208,33 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
     return composed[0] if composed else None
 
 
-def record_early(cfg) -> None:
-    """Start the MLflow recorder of a job that records its run, before Paddle's import, so
-    that MLflow's import runs beside it (:func:`kspipe.observers.recorder.start_early`; a
-    sweep's first job takes it).  Not in a process a scheduler started as a job's role:
-    its first worker records, the others never do."""
-    if cfg is None or not cfg.tracking.enabled:
-        return
+def start_recorder(args: list[str]) -> None:
+    """Start the MLflow recorder of a job that may record its run, first thing, so that
+    MLflow's import runs beside the config's composition and Paddle's import
+    (:func:`kspipe.observers.recorder.start_early`; a sweep's first job takes it).  Not
+    where the command line turns tracking off, nor in a process a scheduler started as a
+    job's role: its first worker records, the others never do."""
     if role_from_environment("pserver") or role_from_environment("collective"):
         return
+    if any(override.key_or_group == "tracking.enabled" and override.value() is False
+           for override in read_overrides(args)):
+        return
     from kspipe.observers.recorder import start_early
+
+    start_early()
+
+
+def record_early(cfg) -> None:
+    """Once the config is composed, the recorder :func:`start_recorder` started imports
+    what the run's store needs, or ends if the job records nothing."""
+    from kspipe.observers.recorder import end_early, prepare_early
+
+    if cfg is None or not cfg.tracking.enabled:
+        end_early()
+        return
     from kspipe.observers.store import tracking_uri
 
-    start_early(tracking_uri(cfg))
+    prepare_early(tracking_uri(cfg))
 
 
 def command_line_overrides(args: list[str]):

@@ -7,9 +7,11 @@ MLflow nor waits for SQLite.  Requests go through a pipe in the order they are m
 ones that need an answer (the run's id, its end) wait for it, the others (metrics,
 artifacts) do not.
 
-A ``kspipe`` command whose config records its run starts the recorder before it imports
-Paddle (:func:`start_early`), so that MLflow's import (2-4 s) runs beside Paddle's too;
-the run takes that recorder (:meth:`Recorder.take`).
+A ``kspipe`` command that may record its run starts the recorder first thing
+(:func:`start_early`), so that MLflow's import (2-4 s) runs beside the config's
+composition and Paddle's import too; once the config says where the run goes, the
+recorder imports that store's modules (:func:`prepare_early`), or, for a run that records
+nothing, ends (:func:`end_early`).  The run takes that recorder (:meth:`Recorder.take`).
 
 If the job's process dies, even by SIGKILL, the pipe closes and the recorder ends the run
 it made FAILED: no run is left RUNNING.  It ignores SIGINT and SIGTERM (a Ctrl-C or a
@@ -41,17 +43,17 @@ class Recorder:
         self.waiting = 0  # answers asked for and not yet read
 
     @classmethod
-    def start(cls, uri: str | None = None) -> "Recorder":
+    def start(cls) -> "Recorder":
         """A recorder process, with the job's import path (a plugin's predictor module
         must import there too) and its working folder (MLflow's ``./mlruns``); it imports
-        what a store at ``uri`` needs while it waits for its first request."""
+        MLflow while it waits for its first request."""
         to_child, requests = os.pipe()
         answers, from_child = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
-                 str(from_child), *([uri] if uri else [])], pass_fds=(to_child, from_child),
+                 str(from_child)], pass_fds=(to_child, from_child),
                 env=env, stdin=subprocess.DEVNULL)
         finally:
             os.close(to_child)
@@ -108,18 +110,25 @@ class Recorder:
 _early: Recorder | None = None  # started by start_early, not yet taken by a run
 
 
-def start_early(uri: str) -> None:
-    """Start the recorder that this process's first run will take, importing what a store
-    at ``uri`` needs.  If no run takes it (the job handed to a scheduler, or stopped before
-    its run began), it is ended with this process, having made nothing: it must not outlive
-    the command, holding its output open."""
+def start_early() -> None:
+    """Start the recorder that this process's first run will take; it imports MLflow at
+    once.  If no run takes it (the job handed to a scheduler, or stopped before its run
+    began), it is ended with this process, having made nothing: it must not outlive the
+    command, holding its output open."""
     global _early
     if _early is None:
-        _early = Recorder.start(uri)
-        atexit.register(_end_untaken)
+        _early = Recorder.start()
+        atexit.register(end_early)
 
 
-def _end_untaken() -> None:
+def prepare_early(uri: str) -> None:
+    """The recorder :func:`start_early` started imports what a store at ``uri`` needs."""
+    if _early is not None:
+        _early.send("prepare", uri)
+
+
+def end_early() -> None:
+    """End the recorder :func:`start_early` started, if no run took it."""
     global _early
     recorder, _early = _early, None
     if recorder is not None:
@@ -141,6 +150,10 @@ class Record:
         self.owner = False
         self.ended = False
         self.curve: dict[str, list] = {}
+
+    def prepare(self, uri: str) -> None:
+        with contextlib.suppress(Exception):  # opening the store will say what failed
+            prepare(uri)
 
     def open(self, uri: str, experiment: str, run_id: str | None, create: dict) -> tuple:
         """The client on the store; the run ``run_id``, or, with ``run_id`` None, a new run
@@ -293,12 +306,13 @@ def serve(requests: Connection, answers: Connection) -> None:
             say(f"MLflow did not record the run's {name}: {error}")
 
 
-def prepare(uri: str) -> None:
+def prepare(uri: str | None) -> None:
     """Import what opening a store at ``uri`` will (MLflow, and for a database its
-    SQLAlchemy store: 2-4 s), before the first request comes; nothing is opened."""
+    SQLAlchemy store: 2-4 s), before the first request comes; nothing is opened.  With no
+    ``uri``, MLflow alone."""
     import mlflow  # noqa: F401
 
-    if not uri.startswith(("file:", "http:", "https:", "databricks")) and "://" in uri:
+    if uri and not uri.startswith(("file:", "http:", "https:", "databricks")) and "://" in uri:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
@@ -308,9 +322,8 @@ def main(argv: list[str]) -> None:
     requests = Connection(int(argv[0]), writable=False)
     answers = Connection(int(argv[1]), readable=False)
     try:
-        if len(argv) > 2:
-            with contextlib.suppress(Exception):  # opening the store will say what failed
-                prepare(argv[2])
+        with contextlib.suppress(Exception):  # opening the store will say what failed
+            prepare(None)
         serve(requests, answers)
     except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
         pass

@@ -124,25 +124,36 @@ def processes_marked(mark: str) -> list[int]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("setting, recorded", [
-    ({}, True), ({"tracking.enabled": "false"}, False),
-    ({"env": ("TRAINING_ROLE", "PSERVER")}, False)], ids=["tracked", "untracked", "a role"])
+@pytest.mark.parametrize("setting, composing, recorded", [
+    ({}, True, True),
+    ({"tracking.enabled": "false"}, False, False),
+    # the config turns tracking off, not the command line: started, then ended
+    ({"tracking.enabled": "${oc.decode:'false'}"}, True, False),
+    ({"env": ("TRAINING_ROLE", "PSERVER")}, False, False)],
+    ids=["tracked", "untracked", "untracked by the config", "a role"])
 def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_data, monkeypatch,
-                                                                setting, recorded):
-    """MLflow's import (2-4 s) runs beside Paddle's: the recorder the run will take is
-    started before ``stopping.install`` imports Paddle.  Not for a run that records
-    nothing, nor in a process a scheduler started as a role (its first worker records)."""
+                                                                setting, composing, recorded):
+    """MLflow's import (2-4 s) runs beside the config's composition and Paddle's import:
+    the recorder the run will take is started before the config is composed, and is there
+    when ``stopping.install`` imports Paddle.  Not for a run that records nothing, nor in
+    a process a scheduler started as a role (its first worker records)."""
     from kspipe import cli, stopping
     from kspipe.observers import recorder
 
     if "env" in setting:
         monkeypatch.setenv(*setting["env"])
-    started = []
+    started, at_composing = [], []
 
     def install():  # where the command would import Paddle: stop there
         started.append(recorder._early)
         raise SystemExit(0)
 
+    def check_config(*args, **kwargs):
+        at_composing.append(recorder._early)
+        return compose(*args, **kwargs)
+
+    compose = cli.check_config
+    monkeypatch.setattr(cli, "check_config", check_config)
     monkeypatch.setattr(stopping, "install", install)
     args = tiny_overrides(tmp_path, tiny_data) + [
         f"{k}={v}" for k, v in setting.items() if k != "env"]
@@ -151,14 +162,17 @@ def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_da
         with pytest.raises(SystemExit):
             cli.main()
         early = started[0]
+        assert (at_composing[0] is not None) == composing
         assert (early is not None) == recorded
+        if composing and not recorded:  # ended, not left importing MLflow
+            assert at_composing[0].process.poll() is not None
         if recorded:
             assert early.process.poll() is None  # importing MLflow, or waiting for the run
             assert recorder.Recorder.take() is early and recorder._early is None
     finally:
         if started and started[0] is not None:
             started[0].close()
-        recorder._early = None
+        recorder.end_early()
 
 
 def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
