@@ -91,8 +91,8 @@ def run_hydra(task, args: list[str]) -> None:
 
 #: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
 #: most of a second).
-ANSWERS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve",
-           "--shell-completion", "-sc"}
+ANSWERS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c",
+           "--resolve", "--shell-completion", "-sc"}
 
 
 USAGE = """\
@@ -226,10 +226,13 @@ def start_recorder(args: list[str]) -> None:
 
 def record_early(cfg) -> None:
     """Once the config is composed, the recorder :func:`start_recorder` started imports
-    what the run's store needs, or ends if the job records nothing."""
+    what the run's store needs, or ends if the job records nothing (``cfg`` None: Hydra
+    composes it, from another config folder or name; the run takes the recorder as it is)."""
     from kspipe.observers.recorder import end_early, prepare_early
 
-    if cfg is None or not cfg.tracking.enabled:
+    if cfg is None:
+        return
+    if not cfg.tracking.enabled:
         end_early()
         return
     from kspipe.observers.store import tracking_uri

@@ -122,9 +122,13 @@ def start_early() -> None:
 
 
 def prepare_early(uri: str) -> None:
-    """The recorder :func:`start_early` started imports what a store at ``uri`` needs."""
+    """The recorder :func:`start_early` started imports what a store at ``uri`` needs (a
+    recorder that died meanwhile is ended: the run will start another)."""
     if _early is not None:
-        _early.send("prepare", uri)
+        try:
+            _early.send("prepare", uri)
+        except OSError:
+            end_early()
 
 
 def end_early() -> None:

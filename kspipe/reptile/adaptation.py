@@ -56,8 +56,10 @@ class Adapter:
         Those only evaluation uses are built the first time asked for, their slots then
         made in this model's scope as :meth:`initialize` makes the others'."""
         if tasks in self.p.later:
-            self.p.batched[tasks] = self.p.later.pop(tasks)()
-            self.run(self.p.batched[tasks].startup)
+            together = self.p.later[tasks]()
+            self.run(together.startup)
+            self.p.batched[tasks] = together
+            del self.p.later[tasks]
         return self.p.batched.get(tasks)
 
     def initialize(self) -> None:

@@ -190,6 +190,19 @@ def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
         taken.close()
 
 
+def test_a_recorder_started_early_that_died_before_its_store_was_known_is_ended():
+    """Told where the store is, a recorder that died meanwhile is ended (the run starts
+    another): no broken pipe for the command."""
+    from kspipe.observers import recorder
+
+    recorder.start_early()
+    early = recorder._early
+    early.process.kill()
+    early.process.wait()
+    recorder.prepare_early("sqlite:///nowhere.db")
+    assert recorder._early is None
+
+
 def test_a_recorder_no_run_took_ends_with_the_command(tmp_path, tiny_data):
     """A job that stops before its run begins (here a range the workload refuses) leaves
     no recorder behind, still importing MLflow and holding the command's output open."""

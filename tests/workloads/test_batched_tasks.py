@@ -33,6 +33,12 @@ def make_learner(tiny_cfg):
     return make
 
 
+def onednn(program) -> set:
+    """(operator type, whether it runs on oneDNN's kernels) of ``program``'s operators."""
+    return {(op.type, op.attr("use_mkldnn")) for op in program.global_block().ops
+            if op.has_attr("use_mkldnn")}
+
+
 def values(learner, names):
     return dict(zip(names, learner.values(names)))
 
@@ -87,6 +93,10 @@ def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner)
     assert 3 in learner.p.later and 3 not in learner.p.batched
     together, cfg = learner.eval_together, learner.cfg
     assert together.tasks == 3 and not learner.p.later
+    # compiled as the programs built at the start are: oneDNN's convolutions and ReLU
+    built = learner.train_together
+    for late, early in ((together.train, built.train), (together.forward, built.forward)):
+        assert ("conv2d", True) in onednn(early) and onednn(late) == onednn(early)
     before = values(learner, learner.p.state)
     batched = learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")
     for name, value in values(learner, learner.p.state).items():

@@ -64,11 +64,12 @@ def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers, monke
     assert restored["test_auc"] != 0.5  # not a fresh model's
     # one more epoch goes on from the restored tables. Async runs are not repeatable (Hogwild
     # threads, pulls on a timer), and their test AUC after one epoch and after two overlap
-    # (seen: 0.691-0.711 one, 0.719-0.756 two resumed), so the resumed epoch's running train
-    # AUC tells: each batch is scored before its update, by a model that saw these files
-    # once if the tables came back (seen: 0.710-0.724 resumed, 0.646-0.670 for a first
-    # epoch, 5 runs each, 2 of them on a machine kept busy), as a fresh model would
-    # otherwise score them
+    # (seen: 0.691-0.711 one, 0.719-0.756 two resumed), so the running train AUC tells:
+    # each batch is scored before its update, and the AUC's counts come back with the
+    # checkpoint, so the resumed run's pools the saved epoch's with the new one's, scored
+    # by a model that saw these files once if the tables came back, by a fresh one if not,
+    # which pools to a first epoch's (seen: 0.025-0.045 above the saved run's, whose own
+    # were 0.646-0.670, 5 runs, 2 of them on a machine kept busy)
     monkeypatch.setenv("PSERVER_DEBUG", "1")
     run("more", "ctr.epochs=2", f"resume={tmp / 'one'}")
     more = json.loads((tmp / "more" / "metrics.json").read_text())
