@@ -156,6 +156,7 @@ class Record:
         self.curve: dict[str, list] = {}
 
     def prepare(self, uri: str) -> None:
+        """Import what a store at ``uri`` needs, before the run is opened there."""
         with contextlib.suppress(Exception):  # opening the store will say what failed
             prepare(uri)
 
