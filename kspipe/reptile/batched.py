@@ -119,10 +119,15 @@ def train_lanes(cfg) -> list[int]:
     return [train // lanes + (1 if i < train % lanes else 0) for i in range(lanes)]
 
 
+def train_sizes(cfg) -> list[int]:
+    """The task counts meta-training adapts side by side: each lane's share, or the whole
+    meta-batch (1: one task at a time)."""
+    return train_lanes(cfg) or [tasks_together(cfg)[0]]
+
+
 def program_sizes(cfg) -> set[int]:
     """The task counts to build side-by-side programs for."""
-    train, evaluation = tasks_together(cfg)
-    return (set(train_lanes(cfg) or [train]) | {evaluation}) - {1}
+    return (set(train_sizes(cfg)) | {tasks_together(cfg)[1]}) - {1}
 
 
 def use_onednn_relu(*programs) -> None:

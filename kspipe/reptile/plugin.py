@@ -16,8 +16,8 @@ from kspipe.compiling import build_options, compile_options, compile_with, use_o
 from kspipe.config import check_keys
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_number
-from kspipe.reptile.batched import (build_batched_programs, program_sizes, tasks_together,
-                                    train_lanes, use_onednn_relu)
+from kspipe.reptile.batched import (build_batched_programs, program_sizes, train_sizes,
+                                    use_onednn_relu)
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 from kspipe.reptile.training import train_and_evaluate
@@ -71,9 +71,8 @@ def kspipe_build_program(cfg, dataset, role):
                    inner_lr=cfg.train.inner_lr, inner_optimizer=cfg.train.inner_optimizer,
                    weight_decay=cfg.train.weight_decay)
     programs = build_programs(seed=cfg.seed, **options)
-    train_sizes = train_lanes(cfg) or [tasks_together(cfg)[0]]
     for tasks in program_sizes(cfg):
-        if tasks in train_sizes:
+        if tasks in train_sizes(cfg):
             programs.batched[tasks] = build_batched_programs(programs, tasks, **options)
         else:  # evaluation's, built at the first evaluation: not in the job's start-up
             programs.later[tasks] = functools.partial(build_batched_programs, programs, tasks,
