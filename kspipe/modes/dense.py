@@ -67,6 +67,12 @@ class Layout:
         free = np.ones(size, bool)
         free[self.counts.ravel()] = False
         self.weights = np.flatnonzero(free)[:weights]
+        #: ``[(name, start, end, shape)]``: each parameter's run of the weights, in order
+        self.runs, at = [], 0
+        for name, shape in self.shapes.items():
+            n = int(np.prod(shape))
+            self.runs.append((name, at, at + n, shape))
+            at += n
 
     def slices(self, size: int) -> list:
         """``[(start, end)]`` of each server's slice of a table of ``size`` values."""
@@ -75,20 +81,22 @@ class Layout:
 
     def split(self, flat: np.ndarray) -> dict:
         """``{name: values}`` of the parameters in ``flat``."""
-        values, at = {}, 0
-        taken = flat[self.weights]
-        for name, shape in self.shapes.items():
-            n = int(np.prod(shape))
-            values[name] = taken[at:at + n].reshape(shape)
-            at += n
-        return values
+        return self.unflatten(flat[self.weights])
 
     def join(self, values: dict, flat: np.ndarray) -> np.ndarray:
         """A copy of ``flat`` with the parameters set from ``values``."""
         flat = flat.copy()
-        flat[self.weights] = np.concatenate(
-            [np.asarray(values[name], np.float32).ravel() for name in self.shapes])
+        flat[self.weights] = self.flatten(values)
         return flat
+
+    def flatten(self, values: dict) -> np.ndarray:
+        """The parameters' ``values`` in one vector, as :attr:`weights` orders them."""
+        return np.concatenate([np.asarray(values[name], np.float32).ravel()
+                               for name in self.shapes])
+
+    def unflatten(self, vector: np.ndarray) -> dict:
+        """``{name: values}`` of a :meth:`flatten`-ed vector (views of it)."""
+        return {name: vector[start:end].reshape(shape) for name, start, end, shape in self.runs}
 
 
 def part_starts(length: int) -> list:
@@ -161,12 +169,14 @@ class ParameterExchange:
         self.tables = get_the_one_recv_context(runtime.context, split_dense_table=False)
         return self.get()
 
-    def push(self, grads: dict, worker: int, pushed: int, wait: bool = False) -> np.ndarray:
-        """The servers do ``theta -= grads`` when the push arrives (within a few ms), and
-        count it as ``worker``'s push number ``pushed + 1``; with ``wait``, return once
-        it is applied (``client_flush``: at least 100 ms).  Returns the push as a change
-        of the whole table (the counts' places included)."""
-        change = self.layout.join(grads, np.zeros(self.layout.size, np.float32))
+    def push(self, grads: np.ndarray, worker: int, pushed: int, wait: bool = False) -> np.ndarray:
+        """The servers do ``theta -= grads`` (the parameters' change, :meth:`Layout.flatten`-ed)
+        when the push arrives (within a few ms), and count it as ``worker``'s push number
+        ``pushed + 1``; with ``wait``, return once it is applied (``client_flush``: at least
+        100 ms).  Returns the push as a change of the whole table (the counts' places
+        included)."""
+        change = np.zeros(self.layout.size, np.float32)
+        change[self.layout.weights] = grads
         before, after = pushed % WRAP, (pushed + 1) % WRAP
         change[self.layout.counts[worker]] = before - after  # theta -= g: the count goes up
         write_vars(self.scope, {FLAT + "@GRAD": change})
@@ -181,10 +191,11 @@ class ParameterExchange:
         self.runtime._worker.client_flush()
 
     def pull_own(self, worker: int, pushes: list) -> tuple:
-        """The servers' parameters, with ``worker``'s ``pushes`` (``[(number, change)]``,
-        oldest first) added where a part's server had not begun to apply them, and how
-        many of them, from the oldest, every part had begun.  Every value then holds all
-        of the worker's pushes but one at most (the one a part's server was applying)."""
+        """The servers' parameters (:meth:`Layout.flatten`-ed), with ``worker``'s ``pushes``
+        (``[(number, change)]``, oldest first) added where a part's server had not begun to
+        apply them, and how many of them, from the oldest, every part had begun.  Every
+        value then holds all of the worker's pushes but one at most (the one a part's
+        server was applying)."""
         self._pull_tables()
         flat = self.flat()
         counts = flat[self.layout.counts[worker]].astype(np.int64)
@@ -195,7 +206,7 @@ class ParameterExchange:
                 flat -= change * missing[self.layout.part_of]  # theta -= g, where not begun
             elif begun_everywhere == i:
                 begun_everywhere += 1
-        return self.layout.split(flat), begun_everywhere
+        return flat[self.layout.weights], begun_everywhere
 
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""

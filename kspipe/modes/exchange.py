@@ -90,7 +90,7 @@ class StrategyExchange(ParameterSync):
         self.pushed = 0  # async: this worker's pushes so far
         self.unapplied: list = []  # async: [(push number, change)] not begun everywhere
         self.unapplied_since = 0.0  # since when the oldest of them is waited for
-        self.view = None  # async: the parameters this worker went on from
+        self.view = None  # async: the parameters this worker went on from (flattened)
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -123,11 +123,12 @@ class StrategyExchange(ParameterSync):
     def _push_pull(self, scope, current: dict) -> None:
         """Push this step's change, pull once, and go on from the servers' parameters with
         this worker's pushes that a part's server had not begun to apply added back."""
-        worker = self.role.worker_index()
-        view = self.view if self.view is not None else self.exchange.get()
+        worker, layout = self.role.worker_index(), self.exchange.layout
+        if self.view is None:
+            self.view = self.exchange.flat()[layout.weights]
         with self.timed("push"):
-            change = self.exchange.push({n: view[n] - current[n] for n in self.names},
-                                        worker, self.pushed, wait=self.wait_push)
+            change = self.exchange.push(self.view - layout.flatten(current), worker,
+                                        self.pushed, wait=self.wait_push)
             self.pushed += 1
             if not self.unapplied:
                 self.unapplied_since = time.monotonic()
@@ -135,7 +136,7 @@ class StrategyExchange(ParameterSync):
         with self.timed("pull"):
             self.view, begun = self.exchange.pull_own(worker, self.unapplied)
             self._forget(begun)
-        write_vars(scope, self.view)
+        write_vars(scope, layout.unflatten(self.view))
         self.steps = 0
 
     def _flush(self) -> None:
