@@ -30,12 +30,19 @@ if role_from_environment("pserver") or role_from_environment("collective"):
 
 
 def main() -> None:
-    """Console entry point: the checks, then Hydra runs the job (or each job of a sweep)
-    as :class:`Jobs` says.  A sweep whose jobs failed exits non-zero from its callback
-    (:class:`kspipe.observers.sweep.SweepCallback`)."""
+    """The command (``kspipe``, :mod:`kspipe.__main__`): the checks, then Hydra runs the job
+    (or each job of a sweep) as :class:`Jobs` says.  A sweep whose jobs failed exits
+    non-zero from its callback (:class:`kspipe.observers.sweep.SweepCallback`).  A stop
+    asked for before a job begins (Ctrl-C, SIGTERM) is one line; a job says its own."""
+    try:
+        command(sys.argv[1:])
+    except KeyboardInterrupt as stop:
+        stopping.exit_stopped(stop, "" if Jobs.began else "before the job began")
+
+
+def command(args: list[str]) -> None:
     from kspipe.plugin_manager import get_plugin_manager, implementers, plugin_schemas
 
-    args = sys.argv[1:]
     if args and args[0] == "plugins":
         from kspipe.plugins_cmd import list_plugins
 
@@ -343,6 +350,9 @@ class Jobs:
         values of them (:func:`kspipe.observers.sweep.job_label`).
     """
 
+    #: whether a job of this process has begun (a stop before it is said as such)
+    began = False
+
     def __init__(self, pm, swept: list[str]):
         self.pm = pm
         self.swept = swept
@@ -361,6 +371,7 @@ class Jobs:
         from kspipe.pipeline import check, prepare, run
         from kspipe.plugin_manager import get_plugin_manager, process_launcher
 
+        Jobs.began = True
         if self.pm is None:
             stopping.install()
             self.pm = get_plugin_manager()
@@ -390,12 +401,21 @@ class Jobs:
                 return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
             fail(err)
         except KeyboardInterrupt as stop:
-            print_error(f"stopped by {getattr(stop, 'name', 'SIGINT')}; the run is recorded as "
-                        f"KILLED; resume={cfg.run_dir} continues from its latest checkpoint")
-            sys.exit(getattr(stop, "exit_code", 130))
+            stopping.exit_stopped(stop, f"; the run is recorded as KILLED; {resume_hint(cfg)}")
         print_summary(cfg, metrics, workload)
         value = metrics.get(workload.headline) if metrics else None
         return worst_value(hydra_cfg) if value is None else float(value)
+
+
+def resume_hint(cfg) -> str:
+    """How a stopped run goes on: from its latest checkpoint, if it wrote one."""
+    from kspipe import checkpoint
+
+    try:
+        checkpoint.latest(cfg.run_dir)
+    except KspipeError:
+        return "it wrote no checkpoint to resume from"
+    return f"resume={cfg.run_dir} continues from its latest checkpoint"
 
 
 def worst_value(hydra_cfg) -> float:

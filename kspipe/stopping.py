@@ -24,6 +24,8 @@ from contextlib import contextmanager
 #: whether a loop defers it are process state, kept here (the one place).
 _requested: int | None = None
 _deferring = 0
+_holding = False  # while Paddle imports (install): a signal is only noted, in _held
+_held: int | None = None
 
 
 class Preempted(KeyboardInterrupt):
@@ -45,11 +47,20 @@ class Preempted(KeyboardInterrupt):
 
 def install() -> None:
     """Replace Paddle's handlers of SIGTERM and SIGINT with :class:`Preempted` (main thread);
-    this imports Paddle, whose import installs them."""
-    import paddle
+    this imports Paddle, whose import installs them.  A stop asked for during the import is
+    raised after it: raised within, it would leave Paddle half imported ("ImportError:
+    initialization failed")."""
+    global _holding, _held
+    _holding, _held = True, None
+    try:
+        import paddle
 
-    paddle.disable_signal_handler()
-    handle_stop_signals()
+        paddle.disable_signal_handler()
+    finally:
+        _holding = False
+        handle_stop_signals()
+    if _held is not None:
+        raise Preempted(_held)
 
 
 def handle_stop_signals() -> None:
@@ -74,7 +85,10 @@ def default() -> None:
 
 
 def _handle(signum, frame) -> None:
-    global _requested
+    global _requested, _held
+    if _holding:
+        _held = _held or signum
+        return
     if _deferring and _requested is None:
         _requested = signum
         from kspipe.reporting import say
@@ -97,6 +111,20 @@ def deferred(enabled: bool = True):
         yield
     finally:
         _deferring -= 1
+
+
+def exit_stopped(stop: KeyboardInterrupt, when: str) -> None:
+    """Say in one line that ``stop`` (a :class:`Preempted`, or Python's own Ctrl-C) ended
+    the command, and ``when`` (``"before the job began"``, or ``"; ..."`` to add a
+    clause), and exit ``128 + signal``."""
+    import sys
+
+    from kspipe.errors import print_error
+
+    stop = stop if isinstance(stop, Preempted) else Preempted(signal.SIGINT)
+    print_error(f"stopped by {stop.name}{' ' if when and not when.startswith(';') else ''}"
+                f"{when}")
+    sys.exit(stop.exit_code)
 
 
 def requested() -> bool:

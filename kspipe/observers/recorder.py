@@ -14,9 +14,10 @@ recorder imports that store's modules (:func:`prepare_early`), or, for a run tha
 nothing, ends (:func:`end_early`).  The run takes that recorder (:meth:`Recorder.take`).
 
 If the job's process dies, even by SIGKILL, the pipe closes and the recorder ends the run
-it made FAILED: no run is left RUNNING.  It ignores SIGINT and SIGTERM (a Ctrl-C or a
-scheduler's preemption reaches the whole process group): the job's process decides how
-the run ends and says so.  If the recorder dies, the job goes on, unrecorded, and says so
+it made FAILED: no run is left RUNNING.  It is a session of its own, which a terminal's
+Ctrl-C does not reach, and it ignores SIGINT and SIGTERM (a scheduler's
+preemption signals every process of the job): the job's process decides how the run ends
+and says so.  If the recorder dies, the job goes on, unrecorded, and says so
 in one line.
 """
 
@@ -46,7 +47,9 @@ class Recorder:
     def start(cls) -> "Recorder":
         """A recorder process, with the job's import path (a plugin's predictor module
         must import there too) and its working folder (MLflow's ``./mlruns``); it imports
-        MLflow while it waits for its first request."""
+        MLflow while it waits for its first request.  It is a session of its own: a
+        terminal's Ctrl-C, which reaches the command's process group, never reaches it, not
+        even before it has set its signals aside."""
         to_child, requests = os.pipe()
         answers, from_child = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -54,7 +57,7 @@ class Recorder:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
                  str(from_child)], pass_fds=(to_child, from_child),
-                env=env, stdin=subprocess.DEVNULL)
+                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(to_child)
             os.close(from_child)
