@@ -14,11 +14,14 @@ MLflow run: the first worker records it.
 
 Hydra's own files (``.hydra/``, the command's log) go into the run folder too: the
 config's ``hydra.run.dir`` is :func:`run_folder`, through the resolver ``kspipe_run_dir``.
+A command given no run folder gets a new one named by the time, which it makes at once:
+two commands started in the same second get two folders (:func:`new_folder`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import time
@@ -71,7 +74,28 @@ def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
     if role_from_environment(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env, overrides))
         return os.path.join("outputs", f"job-{name}")
-    return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+    return new_folder(os.path.join("outputs", time.strftime("%Y-%m-%d"),
+                                   time.strftime("%H-%M-%S")))
+
+
+_made: dict[str, str] = {}  # the folder new_folder made in this process, by its name
+
+
+def new_folder(name: str) -> str:
+    """``name``, or ``name-2``, ``name-3`` ...: the first that no other process has made,
+    made here (a folder is made once: two commands started in the same second get one
+    each); the same folder each time this process asks for ``name``."""
+    if name not in _made:
+        os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+        for n in itertools.count(1):
+            folder = name if n == 1 else f"{name}-{n}"
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue
+            _made[name] = folder
+            break
+    return _made[name]
 
 
 def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
