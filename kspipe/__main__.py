@@ -1,17 +1,18 @@
 """The ``kspipe`` command (and ``python -m kspipe``): :func:`kspipe.cli.main`, with a stop
-asked for while the command's own modules import (Ctrl-C as soon as it is typed) said in
-one line, as :func:`kspipe.cli.main` says a stop that comes later."""
+asked for while the command's own modules import (Ctrl-C as soon as it is typed, SIGTERM)
+said in one line, as :func:`kspipe.cli.main` says a stop that comes later."""
 
 from __future__ import annotations
 
+from kspipe import stopping
+
 
 def main() -> None:
+    stopping.handle_stop_signals()
     try:
         from kspipe.cli import main as command
     except KeyboardInterrupt as stop:
-        from kspipe.stopping import exit_stopped
-
-        exit_stopped(stop, "before the job began")
+        stopping.exit_stopped(stop, "before the job began")
     command()
 
 

@@ -34,16 +34,22 @@ def main() -> None:
     (or each job of a sweep) as :class:`Jobs` says.  A sweep whose jobs failed exits
     non-zero from its callback (:class:`kspipe.observers.sweep.SweepCallback`).  A stop
     asked for before a job begins (Ctrl-C, SIGTERM) is one line; a job says its own."""
+    args = sys.argv[1:]
     try:
-        command(sys.argv[1:])
+        command(args)
     except KeyboardInterrupt as stop:
-        stopping.exit_stopped(stop, "" if Jobs.began else "before the job began")
+        job = not (args and args[0] in SUBCOMMANDS)
+        stopping.exit_stopped(stop, "before the job began" if job and not Jobs.began else "")
+
+
+#: the command's first arguments that name a command of their own, not a job
+SUBCOMMANDS = ("plugins", "datafeed")
 
 
 def command(args: list[str]) -> None:
     from kspipe.plugin_manager import get_plugin_manager, implementers, plugin_schemas
 
-    if args and args[0] == "plugins":
+    if args and args[0] == "plugins":  # SUBCOMMANDS
         from kspipe.plugins_cmd import list_plugins
 
         sys.exit(list_plugins(args[1:]))
@@ -79,6 +85,7 @@ def command(args: list[str]) -> None:
         args.append(f"hydra.searchpath=[{','.join(extra_dirs)}]")
     args += search_direction(args)
     register_schemas(schemas)  # Hydra composes with them
+    Jobs.began = True  # Hydra composes the jobs and runs them (here or on a scheduler)
     run_hydra(Jobs(pm, swept(args)).run, args)
 
 
@@ -350,7 +357,7 @@ class Jobs:
         values of them (:func:`kspipe.observers.sweep.job_label`).
     """
 
-    #: whether a job of this process has begun (a stop before it is said as such)
+    #: whether this command has handed its jobs to Hydra (a stop before is said as such)
     began = False
 
     def __init__(self, pm, swept: list[str]):
@@ -371,7 +378,6 @@ class Jobs:
         from kspipe.pipeline import check, prepare, run
         from kspipe.plugin_manager import get_plugin_manager, process_launcher
 
-        Jobs.began = True
         if self.pm is None:
             stopping.install()
             self.pm = get_plugin_manager()
@@ -414,6 +420,8 @@ def resume_hint(cfg) -> str:
     try:
         checkpoint.latest(cfg.run_dir)
     except KspipeError:
+        if cfg.get("resume"):
+            return f"it wrote no checkpoint: resume={cfg.resume} again starts where it did"
         return "it wrote no checkpoint to resume from"
     return f"resume={cfg.run_dir} continues from its latest checkpoint"
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib.abc
 import signal
+import sys
 from contextlib import contextmanager
 
 #: A signal is the whole process's, and so is its handler: the request it records and
@@ -47,20 +49,40 @@ class Preempted(KeyboardInterrupt):
 
 def install() -> None:
     """Replace Paddle's handlers of SIGTERM and SIGINT with :class:`Preempted` (main thread);
-    this imports Paddle, whose import installs them.  A stop asked for during the import is
-    raised after it: raised within, it would leave Paddle half imported ("ImportError:
-    initialization failed")."""
+    this imports Paddle, whose import installs them.
+
+    A stop that comes while Paddle imports (a second or two) is held, and raised once it
+    has: raised within, it would leave Paddle half imported ("ImportError: initialization
+    failed").  Paddle's core installs its handlers midway (SIGTERM's prints a "FatalError"
+    dump); they are taken off again at its next module's import (:class:`_PaddleHandlers`)."""
     global _holding, _held
+    handle_stop_signals()
     _holding, _held = True, None
+    watch = _PaddleHandlers()
+    sys.meta_path.insert(0, watch)
     try:
         import paddle
 
         paddle.disable_signal_handler()
     finally:
-        _holding = False
+        sys.meta_path.remove(watch)
         handle_stop_signals()
+        _holding = False
     if _held is not None:
         raise Preempted(_held)
+
+
+class _PaddleHandlers(importlib.abc.MetaPathFinder):
+    """Asked for every module Paddle's import imports: once Paddle's core is loaded, take
+    its signal handlers off and put kspipe's back (cheap: a few system calls a module)."""
+
+    def find_spec(self, name, path=None, target=None):
+        core = sys.modules.get("paddle.base.core")
+        if name.startswith("paddle.") and hasattr(core, "disable_signal_handler"):
+            core.disable_signal_handler()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, _handle)
+        return None  # the module is found as usual
 
 
 def handle_stop_signals() -> None:
@@ -117,8 +139,6 @@ def exit_stopped(stop: KeyboardInterrupt, when: str) -> None:
     """Say in one line that ``stop`` (a :class:`Preempted`, or Python's own Ctrl-C) ended
     the command, and ``when`` (``"before the job began"``, or ``"; ..."`` to add a
     clause), and exit ``128 + signal``."""
-    import sys
-
     from kspipe.errors import print_error
 
     stop = stop if isinstance(stop, Preempted) else Preempted(signal.SIGINT)

@@ -29,9 +29,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kspipe.worker <job.yaml>", file=sys.stderr)
         return 2
     stopping.end_quickly()
-    stopping.install()
-    cfg = OmegaConf.load(argv[0])
     try:
+        stopping.install()
+        cfg = OmegaConf.load(argv[0])
         run(cfg)
     except KspipeError as err:
         print_error(err)

@@ -14,10 +14,10 @@ recorder imports that store's modules (:func:`prepare_early`), or, for a run tha
 nothing, ends (:func:`end_early`).  The run takes that recorder (:meth:`Recorder.take`).
 
 If the job's process dies, even by SIGKILL, the pipe closes and the recorder ends the run
-it made FAILED: no run is left RUNNING.  It is a session of its own, which a terminal's
-Ctrl-C does not reach, and it ignores SIGINT and SIGTERM (a scheduler's
-preemption signals every process of the job): the job's process decides how the run ends
-and says so.  If the recorder dies, the job goes on, unrecorded, and says so
+it made FAILED: no run is left RUNNING.  The command's recorder is a session of its own,
+which a terminal's Ctrl-C does not reach, and every recorder ignores SIGINT and SIGTERM (a
+scheduler's preemption signals every process of the job): the job's process decides how
+the run ends and says so.  If the recorder dies, the job goes on, unrecorded, and says so
 in one line.
 """
 
@@ -47,9 +47,11 @@ class Recorder:
     def start(cls) -> "Recorder":
         """A recorder process, with the job's import path (a plugin's predictor module
         must import there too) and its working folder (MLflow's ``./mlruns``); it imports
-        MLflow while it waits for its first request.  It is a session of its own: a
-        terminal's Ctrl-C, which reaches the command's process group, never reaches it, not
-        even before it has set its signals aside."""
+        MLflow while it waits for its first request.  The command's recorders
+        (:func:`start_early`) are sessions of their own: a terminal's Ctrl-C, which reaches
+        the command's process group, never reaches them, not even before they have set
+        their signals aside.  A launched worker's is in the worker's session, which the
+        launcher stops whole."""
         to_child, requests = os.pipe()
         answers, from_child = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -57,7 +59,7 @@ class Recorder:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
                  str(from_child)], pass_fds=(to_child, from_child),
-                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                env=env, stdin=subprocess.DEVNULL, start_new_session=_own_sessions)
         finally:
             os.close(to_child)
             os.close(from_child)
@@ -111,6 +113,7 @@ class Recorder:
 
 
 _early: Recorder | None = None  # started by start_early, not yet taken by a run
+_own_sessions = False  # this process is a command: its recorders get sessions of their own
 
 
 def start_early() -> None:
@@ -118,10 +121,11 @@ def start_early() -> None:
     once.  If no run takes it (the job handed to a scheduler, or stopped before its run
     began), it is ended with this process, having made nothing: it must not outlive the
     command, holding its output open."""
-    global _early
+    global _early, _own_sessions
     if _early is None:
+        _own_sessions = True
+        atexit.register(end_early)  # first: a stop at any time after leaves nothing running
         _early = Recorder.start()
-        atexit.register(end_early)
 
 
 def prepare_early(uri: str) -> None:
