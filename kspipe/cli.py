@@ -79,6 +79,10 @@ def command(args: list[str]) -> None:
             print(text)
             return
     if runs:
+        try:
+            check_run_folder(cfg)
+        except KspipeError as err:
+            fail(err)
         record_early(cfg)
         stopping.install()  # Paddle's import, and its signal handlers go
     if extra_dirs:
@@ -220,6 +224,25 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
     composed = [compose(variant, extra_dirs, schemas)
                 for variant in itertools.islice(variants, 1 + SWEEP_CHECKS)]
     return composed[0] if composed else None
+
+
+def check_run_folder(cfg) -> None:
+    """A run folder that cannot be made is one line before Paddle's import (Hydra would say
+    it in two, with a hint about its own stack traces): ``run_dir`` is made now; else the
+    folder the command starts in must take the time-named one (``outputs/...``)."""
+    from kspipe.errors import ConfigError
+
+    if cfg is None:
+        return
+    if cfg.run_dir:
+        try:
+            os.makedirs(os.path.expanduser(str(cfg.run_dir)), exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"run_dir={cfg.run_dir}: cannot make the run folder: "
+                              f"{err.strerror or err}") from err
+    elif not os.access(os.getcwd(), os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot make a run folder in {os.getcwd()} (not writable): give "
+                          f"one with run_dir=<folder>")
 
 
 def start_recorder(args: list[str]) -> None:

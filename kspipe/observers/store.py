@@ -46,6 +46,7 @@ def client_for(cfg):
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     uri = tracking_uri(cfg)
+    probe_server(uri)
     with store_lock(uri):
         try:
             probe_sqlite(uri)
@@ -75,13 +76,17 @@ def experiment_id(client, name: str) -> str:
 
 
 def runs_page(cfg, experiment: str, headline: str = "") -> str:
-    """The command that serves the store, and the page of the experiment's runs table
+    """The command that serves the store (none for a tracking server: it serves its own
+    UI), and the page of the experiment's runs table
     (``mlflow ui`` opens an experiment on its overview, not on its runs), best
     ``headline`` first: sorted by a metric, the table also lists a sweep's child runs
     instead of folding them under their parent."""
     order = f"?orderByKey=metrics.%60{headline}%60&orderByAsc=false" if headline else ""
-    return (f"runs: mlflow ui --backend-store-uri {tracking_uri(cfg)} then "
-            f"http://127.0.0.1:5000/#/experiments/{experiment}/runs{order}")
+    uri = tracking_uri(cfg)
+    page = f"#/experiments/{experiment}/runs{order}"
+    if uri.startswith(("http://", "https://")):  # a tracking server serves its own UI
+        return f"runs: {uri.rstrip('/')}/{page}"
+    return f"runs: mlflow ui --backend-store-uri {uri} then http://127.0.0.1:5000/{page}"
 
 
 # --- the lock a SQLite store is opened under ------------------------------------------
@@ -158,6 +163,39 @@ def probe_sqlite(uri: str) -> None:
         connection.execute("pragma schema_version").fetchone()
     finally:
         connection.close()
+
+
+#: Seconds between the tries to reach a tracking server: one restarting gets a moment,
+#: one that is not there fails in seconds (MLflow's own retries take about four minutes).
+SERVER_WAITS = (1, 2, 4)
+
+
+def probe_server(uri: str) -> None:
+    """Reach a tracking server's ``/health`` (an ``http`` or ``https`` store); if nothing
+    answers after a few tries, raise :class:`ConfigError` at once.  Any answer will do
+    (an HTTP error, a TLS failure): MLflow then says what is wrong with it."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    for wait in (*SERVER_WAITS, None):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+            return
+        except urllib.error.HTTPError:  # it answered
+            return
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, ssl.SSLError):  # it answered
+                return
+            if wait is None:
+                raise ConfigError(f"tracking.uri={uri}: cannot open the MLflow store: no "
+                                  f"server answers there ({first_line(reason)}); start it, "
+                                  f"or run with tracking.enabled=false") from err
+            time.sleep(wait)
 
 
 def store_error(uri: str, err: Exception) -> ConfigError:

@@ -21,6 +21,7 @@ from kspipe.testing import assert_one_line_error, run_kspipe, run_statuses, tiny
     (["dataset.name=cifar"], ["dataset.name='cifar'"]),
     (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
     (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
+    (["run_dir=/proc/kspipe-run"], ["run_dir=/proc/kspipe-run: cannot make the run folder"]),
 ])
 def test_bad_config(tmp_path, args, fragments):
     result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, tmp_path), *args,

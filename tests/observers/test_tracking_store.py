@@ -3,6 +3,7 @@ recorded (one of them creates the store, under a lock), a store that cannot be o
 is one line before anything runs, and a job killed outright leaves no run RUNNING."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 
 from kspipe.errors import ConfigError
 from kspipe.observers import store, sweep_runs
-from kspipe.testing import run_statuses, tiny_overrides
+from kspipe.testing import Server, run_statuses, tiny_overrides
 
 #: The smallest run: one meta-iteration, two evaluation tasks, no baseline.
 QUICK = ["train.meta_iters=1", "train.inner_iters=1", "eval.tasks=2", "eval.train_tasks=2",
@@ -60,10 +61,15 @@ def test_the_store_lock_excludes_a_second_holder(tmp_path):
 @pytest.mark.parametrize("uri, damage, fragment", [
     ("sqlite:////proc/kspipe/mlflow.db", None, "No such file or directory"),
     ("sqlite:///{tmp}/store.db", b"this is no database", "file is not a database"),
+    # MLflow alone retries a server that is not there for about four minutes
+    ("http://127.0.0.1:{port}", None, "no server answers there ([Errno 111] Connection refused)"),
 ])
 def test_a_store_that_cannot_be_opened_is_one_line_before_training(tmp_path, tiny_data, uri,
                                                                    damage, fragment):
-    uri = uri.format(tmp=tmp_path)
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    uri = uri.format(tmp=tmp_path, port=port)
     if damage:
         (tmp_path / "store.db").write_bytes(damage)
     result = subprocess.run(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
@@ -77,6 +83,26 @@ def test_a_store_that_cannot_be_opened_is_one_line_before_training(tmp_path, tin
                                 "cannot open the MLflow store: ")
     assert fragment in errors[0]
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before training
+
+
+def test_a_job_records_its_run_on_a_tracking_server(tmp_path, tiny_data):
+    """``tracking.uri=http://...``: the run is made on the server (found in the server's
+    own store), and its page is the server's, not an ``mlflow ui`` to start."""
+    server = Server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                     "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
+                    "/health", tmp_path)
+    try:
+        url = server.ready()
+        result = subprocess.run(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
+                                         f"tracking.uri={url}"),
+                                cwd=tmp_path, text=True, capture_output=True, timeout=300)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_statuses(tmp_path / "server.db") == ["FINISHED"]
+    assert not (tmp_path / "mlflow.db").exists()
+    (page,) = [line for line in result.stderr.splitlines() if line.startswith("kspipe: runs: ")]
+    assert page.startswith(f"kspipe: runs: {url}/#/experiments/") and "mlflow ui" not in page
 
 
 def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
