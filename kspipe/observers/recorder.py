@@ -31,7 +31,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
-from kspipe.errors import KspipeError, first_line
+from kspipe.errors import ConfigError, KspipeError, first_line
 from kspipe.files import user_path
 from kspipe.reporting import say
 
@@ -156,6 +156,8 @@ class Record:
 
     def __init__(self):
         self.client = None
+        self.uri = None
+        self.lost = False  # the tracking server stopped answering (said once)
         self.run_id = None
         self.experiment = None
         self.owner = False
@@ -176,6 +178,7 @@ class Record:
 
         self.client = client_for(OmegaConf.create({"tracking": {"uri": uri,
                                                                 "experiment": experiment}}))
+        self.uri = uri
         if run_id is None:
             run_id = self.create(experiment, **create)
             self.owner = True
@@ -204,13 +207,54 @@ class Record:
         self.client.log_artifact(run.info.run_id, config_path)
         return run.info.run_id
 
+    def call(self, name: str, args: tuple):
+        """Carry out the request ``name``.  A tracking server that stops answering (MLflow's
+        own retries would hold each request for minutes, and the job's end for all of
+        them): metrics and artifacts are dropped meanwhile (said once; a quick look before
+        each finds the server back), and any other request fails in one line, the run's
+        end after a few seconds more."""
+        from kspipe.observers.store import is_server, probe_server
+
+        if name == "metrics":  # the learning curve has every point, recorded or not
+            values, step = args[0], args[1]
+            for k, v in values.items():
+                self.curve.setdefault(k, []).append((step, v))
+        if self.lost:
+            if name == "abandoned":  # the job is gone: nothing waits, nothing to say to
+                return None
+            try:
+                probe_server(self.uri, waits=() if name in DROPPED else (1, 2, 4))
+            except ConfigError:
+                if name in DROPPED:
+                    return None
+                raise ConfigError(f"tracking.uri={self.uri}: the MLflow server stopped "
+                                  f"answering; " + (
+                                      "the run was not ended there (it shows RUNNING); "
+                                      "this run's folder holds its results" if name in ENDS
+                                      else "the run could not be made there" if name == "open"
+                                      else f"the run's {name} was not recorded")) from None
+            self.lost = False
+            say(f"the MLflow server at {self.uri} answers again")
+        try:
+            return getattr(self, name)(*args)
+        except Exception:
+            if self.uri is None or not is_server(self.uri):
+                raise
+            try:
+                probe_server(self.uri, waits=())
+            except ConfigError:
+                self.lost = True
+                if name in DROPPED:
+                    say(f"the MLflow server at {self.uri} stopped answering: the run's "
+                        f"metrics and artifacts are not recorded until it answers again")
+                return self.call(name, args)
+            raise
+
     def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
         from mlflow.entities import Metric
 
         batch = [Metric(k, v, when_ms, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
-        for k, v in metrics.items():
-            self.curve.setdefault(k, []).append((step, v))
 
     def artifact(self, path: str, artifact_path: str | None) -> None:
         if os.path.isdir(path):
@@ -251,6 +295,12 @@ class Record:
         """The job's process is gone without ending the run: it failed."""
         if self.owner and not self.ended:
             self.end("FAILED")
+
+
+#: The requests that end the run: with the tracking server gone, they fail in one line.
+ENDS = ("finish", "end", "abandoned")
+#: The requests dropped while the tracking server does not answer.
+DROPPED = ("metrics", "artifact")
 
 
 def source_run_id(client, path: str) -> str | None:
@@ -306,10 +356,10 @@ def serve(requests: Connection, answers: Connection) -> None:
         try:
             name, args, wants_answer = requests.recv()
         except EOFError:
-            record.abandoned()
+            record.call("abandoned", ())
             return
         try:
-            result, error = getattr(record, name)(*args), None
+            result, error = record.call(name, args), None
         except Exception as err:
             result, error = None, portable(err)
         if wants_answer:
@@ -328,9 +378,20 @@ def prepare(uri: str | None) -> None:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
+#: MLflow's settings for a tracking server, unless the user set them: its retries of a
+#: request take about 30 s (a server restarting), not MLflow's four minutes (7 retries,
+#: backoff factor 2); and the run's end prints no "View run" and "View experiment" lines
+#: (kspipe says the runs page).
+SERVER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
+                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                   "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+
+
 def main(argv: list[str]) -> None:
     ignore_stop_signals()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name, value in SERVER_SETTINGS.items():
+        os.environ.setdefault(name, value)
     requests = Connection(int(argv[0]), writable=False)
     answers = Connection(int(argv[1]), readable=False)
     try:

@@ -84,7 +84,7 @@ def runs_page(cfg, experiment: str, headline: str = "") -> str:
     order = f"?orderByKey=metrics.%60{headline}%60&orderByAsc=false" if headline else ""
     uri = tracking_uri(cfg)
     page = f"#/experiments/{experiment}/runs{order}"
-    if uri.startswith(("http://", "https://")):  # a tracking server serves its own UI
+    if is_server(uri):  # a tracking server serves its own UI
         return f"runs: {uri.rstrip('/')}/{page}"
     return f"runs: mlflow ui --backend-store-uri {uri} then http://127.0.0.1:5000/{page}"
 
@@ -170,18 +170,19 @@ def probe_sqlite(uri: str) -> None:
 SERVER_WAITS = (1, 2, 4)
 
 
-def probe_server(uri: str) -> None:
-    """Reach a tracking server's ``/health`` (an ``http`` or ``https`` store); if nothing
-    answers after a few tries, raise :class:`ConfigError` at once.  Any answer will do
-    (an HTTP error, a TLS failure): MLflow then says what is wrong with it."""
-    if not uri.startswith(("http://", "https://")):
+def probe_server(uri: str, waits: tuple = SERVER_WAITS) -> None:
+    """Reach a tracking server's ``/health`` (an ``http`` or ``https`` store), trying again
+    after each of ``waits`` (seconds); if nothing answers, raise :class:`ConfigError` at
+    once.  Any answer will do (an HTTP error, a TLS failure): MLflow then says what is
+    wrong with it."""
+    if not is_server(uri):
         return
     import ssl
     import time
     import urllib.error
     import urllib.request
 
-    for wait in (*SERVER_WAITS, None):
+    for wait in (*waits, None):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
             return
@@ -196,6 +197,11 @@ def probe_server(uri: str) -> None:
                                   f"server answers there ({first_line(reason)}); start it, "
                                   f"or run with tracking.enabled=false") from err
             time.sleep(wait)
+
+
+def is_server(uri: str) -> bool:
+    """Whether the store at ``uri`` is a tracking server (HTTP)."""
+    return uri.startswith(("http://", "https://"))
 
 
 def store_error(uri: str, err: Exception) -> ConfigError:

@@ -3,6 +3,7 @@ recorded (one of them creates the store, under a lock), a store that cannot be o
 is one line before anything runs, and a job killed outright leaves no run RUNNING."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +104,43 @@ def test_a_job_records_its_run_on_a_tracking_server(tmp_path, tiny_data):
     assert not (tmp_path / "mlflow.db").exists()
     (page,) = [line for line in result.stderr.splitlines() if line.startswith("kspipe: runs: ")]
     assert page.startswith(f"kspipe: runs: {url}/#/experiments/") and "mlflow ui" not in page
+
+
+def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line(
+        tmp_path, tiny_data):
+    """The server is killed once the run is made there: the job trains on, keeps its
+    results in its run folder, and ends in one line within a bounded time (MLflow's own
+    retries would hold each of its requests for about four minutes)."""
+    server = Server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                     "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
+                    "/health", tmp_path)
+    try:
+        url = server.ready()
+        job = subprocess.Popen(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
+                                        f"tracking.uri={url}", "train.meta_iters=100"),
+                               cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+        seen = []
+        for line in job.stdout:  # the run is made on the server before training starts
+            seen.append(line)
+            if line.startswith("meta-train 1/"):
+                break
+        assert run_statuses(tmp_path / "server.db") == ["RUNNING"], "".join(seen)
+    finally:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+    try:
+        out, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    out = "".join(seen) + out
+    assert job.returncode != 0 and "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("kspipe: error:")]
+    assert errors == [f"kspipe: error: tracking.uri={url}: the MLflow server stopped answering; "
+                      "the run was not ended there (it shows RUNNING); this run's folder "
+                      "holds its results"], out
+    assert f"kspipe: the MLflow server at {url} stopped answering" in out
+    assert (tmp_path / "run" / "metrics.json").is_file()  # trained to the end, results kept
 
 
 def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
