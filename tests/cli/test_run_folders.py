@@ -8,7 +8,6 @@ import sys
 import time
 from datetime import datetime, timedelta
 
-from kspipe.job import new_folder
 from kspipe.testing import run_kspipe, tiny_overrides
 
 

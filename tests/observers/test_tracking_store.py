@@ -86,12 +86,17 @@ def test_a_store_that_cannot_be_opened_is_one_line_before_training(tmp_path, tin
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before training
 
 
+def tracking_server(tmp_path):
+    """``mlflow server`` on loopback, its store ``server.db`` in ``tmp_path``."""
+    return Server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                   "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
+                  "/health", tmp_path)
+
+
 def test_a_job_records_its_run_on_a_tracking_server(tmp_path, tiny_data):
     """``tracking.uri=http://...``: the run is made on the server (found in the server's
     own store), and its page is the server's, not an ``mlflow ui`` to start."""
-    server = Server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                     "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
-                    "/health", tmp_path)
+    server = tracking_server(tmp_path)
     try:
         url = server.ready()
         result = subprocess.run(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
@@ -111,9 +116,7 @@ def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line
     """The server is killed once the run is made there: the job trains on, keeps its
     results in its run folder, and ends in one line within a bounded time (MLflow's own
     retries would hold each of its requests for about four minutes)."""
-    server = Server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                     "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
-                    "/health", tmp_path)
+    server = tracking_server(tmp_path)
     try:
         url = server.ready()
         job = subprocess.Popen(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
