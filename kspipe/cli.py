@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+import kspipe.job
 from kspipe.memory import cap_arenas, executor_defaults
 
 os.environ.setdefault("GLOG_minloglevel", "2")  # keep Paddle's C++ log quiet
@@ -59,6 +60,7 @@ def command(args: list[str]) -> None:
         sys.exit(datafeed_main(args[1:]))
     stopping.end_quickly()
     runs = not ANSWERS.intersection(args)  # a job may run
+    kspipe.job.making = runs  # a command that only prints its config makes no run folder
     if runs:
         stopping.handle_stop_signals()
         start_recorder(args)
@@ -240,9 +242,12 @@ def check_run_folder(cfg) -> None:
         except OSError as err:
             raise ConfigError(f"run_dir={cfg.run_dir}: cannot make the run folder: "
                               f"{err.strerror or err}") from err
-    elif not os.access(os.getcwd(), os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot make a run folder in {os.getcwd()} (not writable): give "
-                          f"one with run_dir=<folder>")
+    else:  # the time-named folder goes into outputs/ here, unless hydra.run.dir says
+        where = "outputs" if os.path.isdir("outputs") else os.getcwd()
+        if not os.access(where, os.W_OK | os.X_OK) and not any(
+                a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+            raise ConfigError(f"cannot make a run folder in {os.path.abspath(where)} (not "
+                              f"writable): give one with run_dir=<folder>")
 
 
 def start_recorder(args: list[str]) -> None:

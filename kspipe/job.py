@@ -78,14 +78,19 @@ def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
                                    time.strftime("%H-%M-%S")))
 
 
-_made: dict[str, str] = {}  # the folder new_folder made in this process, by its name
+_made: dict[str, str] = {}  # the folder new_folder made in this process, by its path
+#: whether new_folder makes folders (not in a command that only prints its config)
+making = True
 
 
 def new_folder(name: str) -> str:
     """``name``, or ``name-2``, ``name-3`` ...: the first that no other process has made,
     made here (a folder is made once: two commands started in the same second get one
-    each); the same folder each time this process asks for ``name``."""
-    if name not in _made:
+    each); the same folder each time this process asks for ``name`` from one place."""
+    if not making:
+        return name
+    key = os.path.abspath(name)
+    if key not in _made:
         os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
         for n in itertools.count(1):
             folder = name if n == 1 else f"{name}-{n}"
@@ -93,9 +98,9 @@ def new_folder(name: str) -> str:
                 os.mkdir(folder)
             except FileExistsError:
                 continue
-            _made[name] = folder
+            _made[key] = folder
             break
-    return _made[name]
+    return _made[key]
 
 
 def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:

@@ -29,10 +29,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from kspipe.errors import ConfigError, KspipeError, first_line
 from kspipe.files import user_path
+from kspipe.observers.store import is_server, probe_server, shown
 from kspipe.reporting import say
 
 
@@ -158,6 +160,8 @@ class Record:
         self.client = None
         self.uri = None
         self.lost = False  # the tracking server stopped answering (said once)
+        self.looked = 0.0  # when a lost server was last looked for
+        self.plot = None  # the learning curve's picture, once drawn ("" for none)
         self.run_id = None
         self.experiment = None
         self.owner = False
@@ -210,31 +214,27 @@ class Record:
     def call(self, name: str, args: tuple):
         """Carry out the request ``name``.  A tracking server that stops answering (MLflow's
         own retries would hold each request for minutes, and the job's end for all of
-        them): metrics and artifacts are dropped meanwhile (said once; a quick look before
-        each finds the server back), and any other request fails in one line, the run's
-        end after a few seconds more."""
-        from kspipe.observers.store import is_server, probe_server
-
+        them) is said once: meanwhile metrics and artifacts are dropped (a quick look every
+        :data:`LOOK_EVERY_S` finds the server back), and any other request fails in one
+        line, the run's end after a few seconds more.  A request is never made twice."""
         if name == "metrics":  # the learning curve has every point, recorded or not
             values, step = args[0], args[1]
             for k, v in values.items():
                 self.curve.setdefault(k, []).append((step, v))
+        if name == "finish":  # the curve's picture is the run folder's, whatever happens
+            self.draw(*args[1:3])
         if self.lost:
             if name == "abandoned":  # the job is gone: nothing waits, nothing to say to
                 return None
+            if name in DROPPED and time.monotonic() < self.looked + LOOK_EVERY_S:
+                return None
+            self.looked = time.monotonic()
             try:
                 probe_server(self.uri, waits=() if name in DROPPED else (1, 2, 4))
             except ConfigError:
-                if name in DROPPED:
-                    return None
-                raise ConfigError(f"tracking.uri={self.uri}: the MLflow server stopped "
-                                  f"answering; " + (
-                                      "the run was not ended there (it shows RUNNING); "
-                                      "this run's folder holds its results" if name in ENDS
-                                      else "the run could not be made there" if name == "open"
-                                      else f"the run's {name} was not recorded")) from None
+                return self.unrecorded(name)
             self.lost = False
-            say(f"the MLflow server at {self.uri} answers again")
+            say(f"the MLflow server at {shown(self.uri)} answers again")
         try:
             return getattr(self, name)(*args)
         except Exception:
@@ -243,12 +243,38 @@ class Record:
             try:
                 probe_server(self.uri, waits=())
             except ConfigError:
-                self.lost = True
+                self.lost, self.looked = True, time.monotonic()
                 if name in DROPPED:
-                    say(f"the MLflow server at {self.uri} stopped answering: the run's "
-                        f"metrics and artifacts are not recorded until it answers again")
-                return self.call(name, args)
+                    say(f"the MLflow server at {shown(self.uri)} stopped answering: the "
+                        f"run's metrics and artifacts are not recorded until it answers "
+                        f"again")
+                return self.unrecorded(name)
             raise
+
+    def unrecorded(self, name: str):
+        """What the request ``name`` comes to while the tracking server does not answer:
+        nothing (metrics, artifacts, and a cluster's first worker's curve), else one line."""
+        if name in DROPPED:
+            return None
+        if name == "finish" and not self.owner:
+            self.ended = True
+            return "the learning curve was not recorded: the MLflow server stopped answering"
+        what = ("the run was not ended there (it shows RUNNING); this run's folder holds its "
+                "results" if name in ENDS else "the run could not be made there"
+                if name == "open" else f"the run's {name} was not recorded")
+        raise ConfigError(f"tracking.uri={shown(self.uri)}: the MLflow server stopped "
+                          f"answering; {what}")
+
+    def draw(self, run_dir: str | None = None, headline: str = "") -> str | None:
+        """The learning curve's picture in ``run_dir`` (once), its path; None without one."""
+        if run_dir is None:
+            return None
+        if self.plot is None:
+            from kspipe.observers.plots import learning_curve
+
+            self.plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
+                                       headline) or ""
+        return self.plot or None
 
     def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
         from mlflow.entities import Metric
@@ -268,13 +294,9 @@ class Record:
         run's end, as its owner; the first worker of a cluster logs the curve only.
         Returns a line to say, if the model could not be logged."""
         note = None
-        if run_dir is not None:
-            from kspipe.observers.plots import learning_curve
-
-            plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
-                                  headline)
-            if plot:
-                self.client.log_artifact(self.run_id, plot)
+        plot = self.draw(run_dir, headline)
+        if plot:
+            self.client.log_artifact(self.run_id, plot)
         if not self.owner:
             self.ended = True
             return None
@@ -301,6 +323,8 @@ class Record:
 ENDS = ("finish", "end", "abandoned")
 #: The requests dropped while the tracking server does not answer.
 DROPPED = ("metrics", "artifact")
+#: While the tracking server does not answer, it is looked for at most this often.
+LOOK_EVERY_S = 10.0
 
 
 def source_run_id(client, path: str) -> str | None:
@@ -379,11 +403,12 @@ def prepare(uri: str | None) -> None:
 
 
 #: MLflow's settings for a tracking server, unless the user set them: its retries of a
-#: request take about 30 s (a server restarting), not MLflow's four minutes (7 retries,
-#: backoff factor 2); and the run's end prints no "View run" and "View experiment" lines
+#: refused request take about 30 s (a server restarting), not MLflow's four minutes (7
+#: retries, backoff factor 2), and a request that gets no answer gives up after 60 s; and the run's end prints no "View run" and "View experiment" lines
 #: (kspipe says the runs page).
 SERVER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",  # a host gone silent: not 120 s a try
                    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
 

@@ -84,8 +84,12 @@ def runs_page(cfg, experiment: str, headline: str = "") -> str:
     order = f"?orderByKey=metrics.%60{headline}%60&orderByAsc=false" if headline else ""
     uri = tracking_uri(cfg)
     page = f"#/experiments/{experiment}/runs{order}"
-    if is_server(uri):  # a tracking server serves its own UI
-        return f"runs: {uri.rstrip('/')}/{page}"
+    if is_server(uri):  # a tracking server serves its own UI (the browser asks the login)
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(uri)
+        site = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        return f"runs: {site.rstrip('/')}/{page}"
     return f"runs: mlflow ui --backend-store-uri {uri} then http://127.0.0.1:5000/{page}"
 
 
@@ -172,31 +176,39 @@ SERVER_WAITS = (1, 2, 4)
 
 def probe_server(uri: str, waits: tuple = SERVER_WAITS) -> None:
     """Reach a tracking server's ``/health`` (an ``http`` or ``https`` store), trying again
-    after each of ``waits`` (seconds); if nothing answers, raise :class:`ConfigError` at
-    once.  Any answer will do (an HTTP error, a TLS failure): MLflow then says what is
-    wrong with it."""
+    after each of ``waits`` (seconds); if it does not answer, raise :class:`ConfigError` at
+    once.  An answer is any HTTP status below 500 (a proxy's 502-504 for a server behind
+    it that is down is none) or a certificate this machine does not trust (MLflow then
+    says what is wrong)."""
     if not is_server(uri):
         return
     import ssl
     import time
     import urllib.error
+    import urllib.parse
     import urllib.request
 
+    parts = urllib.parse.urlsplit(uri)
+    health = parts._replace(netloc=parts.netloc.rpartition("@")[2],  # no login: /health
+                            path=parts.path.rstrip("/") + "/health").geturl()
     for wait in (*waits, None):
         try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+            urllib.request.urlopen(health, timeout=5).close()
             return
-        except urllib.error.HTTPError:  # it answered
-            return
+        except urllib.error.HTTPError as err:
+            if err.code < 500:
+                return
+            reason = f"HTTP {err.code}"
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
-            if isinstance(reason, ssl.SSLError):  # it answered
+            if isinstance(reason, ssl.SSLCertVerificationError):
                 return
-            if wait is None:
-                raise ConfigError(f"tracking.uri={uri}: cannot open the MLflow store: no "
-                                  f"server answers there ({first_line(reason)}); start it, "
-                                  f"or run with tracking.enabled=false") from err
-            time.sleep(wait)
+            reason = first_line(reason)
+        if wait is None:
+            raise ConfigError(f"tracking.uri={shown(uri)}: cannot open the MLflow store: no "
+                              f"server answers there ({reason}); start it, or run with "
+                              f"tracking.enabled=false")
+        time.sleep(wait)
 
 
 def is_server(uri: str) -> bool:
@@ -204,6 +216,18 @@ def is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
+def shown(uri: str) -> str:
+    """``uri`` as kspipe prints it: a password in it masked."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    login, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{login.partition(':')[0]}:***@{host}").geturl()
+
+
 def store_error(uri: str, err: Exception) -> ConfigError:
     """The one line for a store that cannot be opened, with the reason's first line."""
-    return ConfigError(f"tracking.uri={uri}: cannot open the MLflow store: {first_line(err)}")
+    return ConfigError(f"tracking.uri={shown(uri)}: cannot open the MLflow store: "
+                       f"{first_line(err)}")

@@ -31,12 +31,12 @@ def test_processes_asking_at_once_for_one_name_each_get_a_folder(tmp_path):
 
 
 def test_a_command_whose_time_is_taken_runs_in_a_folder_of_its_own(tmp_path, tiny_data):
-    """Every folder the command could be named for (the next minute's) is taken, as by
-    another command started in the same second: it runs in ``<time>-2``, and leaves the
+    """Every folder the command could be named for (the next five minutes') is taken, as
+    by another command started in the same second: it runs in ``<time>-2``, and leaves the
     taken ones as they were."""
     start = datetime.now()
     taken = set()
-    for second in range(60):
+    for second in range(300):
         moment = start + timedelta(seconds=second)
         folder = tmp_path / "outputs" / moment.strftime("%Y-%m-%d") / moment.strftime("%H-%M-%S")
         folder.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,7 @@ def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line
     results in its run folder, and ends in one line within a bounded time (MLflow's own
     retries would hold each of its requests for about four minutes)."""
     server = tracking_server(tmp_path)
+    job = None
     try:
         url = server.ready()
         job = subprocess.Popen(job_args(tmp_path, tiny_data, f"run_dir={tmp_path / 'run'}",
@@ -129,13 +130,14 @@ def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line
             if line.startswith("meta-train 1/"):
                 break
         assert run_statuses(tmp_path / "server.db") == ["RUNNING"], "".join(seen)
-    finally:
         os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait()
-    try:
         out, _ = job.communicate(timeout=240)
     finally:
-        job.kill()
+        if server.process.poll() is None:
+            server.stop()
+        if job is not None:
+            job.kill()
     out = "".join(seen) + out
     assert job.returncode != 0 and "Traceback" not in out, out
     errors = [line for line in out.splitlines() if line.startswith("kspipe: error:")]
@@ -144,6 +146,7 @@ def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line
                       "holds its results"], out
     assert f"kspipe: the MLflow server at {url} stopped answering" in out
     assert (tmp_path / "run" / "metrics.json").is_file()  # trained to the end, results kept
+    assert (tmp_path / "run" / "learning_curve.png").is_file()
 
 
 def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
