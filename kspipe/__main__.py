@@ -12,7 +12,7 @@ def main() -> None:
     try:
         from kspipe.cli import main as command
     except KeyboardInterrupt as stop:
-        stopping.exit_stopped(stop, "before the job began")
+        stopping.exit_stopped(stop, " before the job began")
     command()
 
 

@@ -40,7 +40,7 @@ def main() -> None:
         command(args)
     except KeyboardInterrupt as stop:
         job = not (args and args[0] in SUBCOMMANDS)
-        stopping.exit_stopped(stop, "before the job began" if job and not Jobs.began else "")
+        stopping.exit_stopped(stop, " before the job began" if job and not Jobs.began else "")
 
 
 #: the command's first arguments that name a command of their own, not a job
@@ -82,7 +82,7 @@ def command(args: list[str]) -> None:
             return
     if runs:
         try:
-            check_run_folder(cfg)
+            check_run_folder(cfg, args)
         except KspipeError as err:
             fail(err)
         record_early(cfg)
@@ -228,7 +228,7 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
     return composed[0] if composed else None
 
 
-def check_run_folder(cfg) -> None:
+def check_run_folder(cfg, args: list[str]) -> None:
     """A run folder that cannot be made is one line before Paddle's import (Hydra would say
     it in two, with a hint about its own stack traces): ``run_dir`` is made now; else the
     folder the command starts in must take the time-named one (``outputs/...``)."""
@@ -245,7 +245,7 @@ def check_run_folder(cfg) -> None:
     else:  # the time-named folder goes into outputs/ here, unless hydra.run.dir says
         where = "outputs" if os.path.isdir("outputs") else os.getcwd()
         if not os.access(where, os.W_OK | os.X_OK) and not any(
-                a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+                a.startswith("hydra.run.dir=") for a in args):
             raise ConfigError(f"cannot make a run folder in {os.path.abspath(where)} (not "
                               f"writable): give one with run_dir=<folder>")
 

@@ -135,15 +135,13 @@ def deferred(enabled: bool = True):
         _deferring -= 1
 
 
-def exit_stopped(stop: KeyboardInterrupt, when: str) -> None:
-    """Say in one line that ``stop`` (a :class:`Preempted`, or Python's own Ctrl-C) ended
-    the command, and ``when`` (``"before the job began"``, or ``"; ..."`` to add a
-    clause), and exit ``128 + signal``."""
+def exit_stopped(stop: KeyboardInterrupt, tail: str = "") -> None:
+    """Say in one line, ``stopped by <signal><tail>``, that ``stop`` (a :class:`Preempted`,
+    or Python's own Ctrl-C) ended the command, and exit ``128 + signal``."""
     from kspipe.errors import print_error
 
     stop = stop if isinstance(stop, Preempted) else Preempted(signal.SIGINT)
-    print_error(f"stopped by {stop.name}{' ' if when and not when.startswith(';') else ''}"
-                f"{when}")
+    print_error(f"stopped by {stop.name}{tail}")
     sys.exit(stop.exit_code)
 
 
