@@ -41,6 +41,9 @@ def main() -> None:
     except KeyboardInterrupt as stop:
         job = not (args and args[0] in SUBCOMMANDS)
         stopping.exit_stopped(stop, " before the job began" if job and not Jobs.began else "")
+    except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        sys.exit(141)  # 128 + SIGPIPE, as a shell's own commands
 
 
 #: the command's first arguments that name a command of their own, not a job

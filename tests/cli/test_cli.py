@@ -119,3 +119,20 @@ def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_pat
                           "eval.tasks=many: must be an integer")
     hydras = run_kspipe("--help", "--info", cwd=tmp_path, timeout=120)  # Hydra answers
     assert hydras.returncode == 0 and "Hydra" in hydras.stdout, hydras.stderr
+
+
+def test_a_reader_that_is_gone_ends_the_command_quietly(tmp_path):
+    """``kspipe plugins | head -1``: the pipe closes under the command (here before it
+    writes at all); it ends as a shell's own commands do (141, SIGPIPE's), with no
+    traceback."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    command = subprocess.Popen([sys.executable, "-m", "kspipe", "plugins"], cwd=tmp_path,
+                               stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)  # the reader is gone
+    err = command.stderr.read().decode()
+    assert command.wait(timeout=60) == 141, err
+    assert err == ""
