@@ -404,8 +404,8 @@ def prepare(uri: str | None) -> None:
 
 #: MLflow's settings for a tracking server, unless the user set them: its retries of a
 #: refused request take about 30 s (a server restarting), not MLflow's four minutes (7
-#: retries, backoff factor 2), and a request that gets no answer gives up after 60 s; and the run's end prints no "View run" and "View experiment" lines
-#: (kspipe says the runs page).
+#: retries, backoff factor 2); a request that gets no answer gives up after 60 s; and the
+#: run's end prints no "View run" and "View experiment" lines (kspipe says the runs page).
 SERVER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",  # a host gone silent: not 120 s a try

@@ -85,11 +85,7 @@ def runs_page(cfg, experiment: str, headline: str = "") -> str:
     uri = tracking_uri(cfg)
     page = f"#/experiments/{experiment}/runs{order}"
     if is_server(uri):  # a tracking server serves its own UI (the browser asks the login)
-        import urllib.parse
-
-        parts = urllib.parse.urlsplit(uri)
-        site = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-        return f"runs: {site.rstrip('/')}/{page}"
+        return f"runs: {without_login(uri).rstrip('/')}/{page}"
     return f"runs: mlflow ui --backend-store-uri {uri} then http://127.0.0.1:5000/{page}"
 
 
@@ -185,12 +181,9 @@ def probe_server(uri: str, waits: tuple = SERVER_WAITS) -> None:
     import ssl
     import time
     import urllib.error
-    import urllib.parse
     import urllib.request
 
-    parts = urllib.parse.urlsplit(uri)
-    health = parts._replace(netloc=parts.netloc.rpartition("@")[2],  # no login: /health
-                            path=parts.path.rstrip("/") + "/health").geturl()
+    health = without_login(uri).rstrip("/") + "/health"  # asks no login
     for wait in (*waits, None):
         try:
             urllib.request.urlopen(health, timeout=5).close()
@@ -214,6 +207,14 @@ def probe_server(uri: str, waits: tuple = SERVER_WAITS) -> None:
 def is_server(uri: str) -> bool:
     """Whether the store at ``uri`` is a tracking server (HTTP)."""
     return uri.startswith(("http://", "https://"))
+
+
+def without_login(uri: str) -> str:
+    """``uri`` with no ``user:password@`` in it."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(uri)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def shown(uri: str) -> str:
