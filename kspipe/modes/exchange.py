@@ -22,7 +22,9 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     the worker keeps each push until every part of every server has begun to apply it,
     and adds it back where a part had not: it goes on from values that hold all its own
     pushes but one at most (``cluster.wait_push=true``: all of them, ``client_flush``,
-    >= 100 ms a step);
+    >= 100 ms a step).  A change made while the worker's last push is still on its way
+    is held and goes with the next push, summed (as Paddle's own async communicator
+    merges what its queue holds): about one push every two steps on loopback;
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
     ``theta - sum / workers``, and the first worker writes it to the servers, which
@@ -91,6 +93,7 @@ class StrategyExchange(ParameterSync):
         self.unapplied: list = []  # async: [(push number, change)] not begun everywhere
         self.unapplied_since = 0.0  # since when the oldest of them is waited for
         self.view = None  # async: the parameters this worker went on from (flattened)
+        self.held = None  # async: changes not pushed yet, to go with the next push
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
 
     @contextlib.contextmanager
@@ -122,28 +125,47 @@ class StrategyExchange(ParameterSync):
 
     def _push_pull(self, scope, current: dict) -> None:
         """Push this step's change, pull once, and go on from the servers' parameters with
-        this worker's pushes that a part's server had not begun to apply added back."""
+        this worker's pushes that a part's server had not begun to apply added back.
+
+        While a push of this worker is not yet begun everywhere, the next change is held
+        and goes with the push after it, summed (as Paddle's own async communicator
+        merges what its queue holds): on a busy host a server then applies fewer, larger
+        pushes, and the worker goes on from values that hold its held change too."""
         worker, layout = self.role.worker_index(), self.exchange.layout
         if self.view is None:
             self.view = self.exchange.flat()[layout.weights]
+        change = self.view - layout.flatten(current)
+        if self.held is not None:
+            change += self.held
+        if self.unapplied and not self.wait_push:
+            self.held = change
+        else:
+            self.held = None
+            self._push(change)
+        with self.timed("pull"):
+            self.view, begun = self.exchange.pull_own(worker, self.unapplied)
+            self._forget(begun)
+        if self.held is not None:
+            self.view -= self.held
+        write_vars(scope, layout.unflatten(self.view))
+        self.steps = 0
+
+    def _push(self, change) -> None:
         with self.timed("push"):
-            change = self.exchange.push(self.view - layout.flatten(current), worker,
-                                        self.pushed, wait=self.wait_push)
+            change = self.exchange.push(change, self.role.worker_index(), self.pushed,
+                                        wait=self.wait_push)
             self.pushed += 1
             if not self.unapplied:
                 self.unapplied_since = time.monotonic()
             self.unapplied.append((self.pushed, change))
-        with self.timed("pull"):
-            self.view, begun = self.exchange.pull_own(worker, self.unapplied)
-            self._forget(begun)
-        write_vars(scope, layout.unflatten(self.view))
-        self.steps = 0
 
     def _flush(self) -> None:
-        """async: wait until the servers have applied every push of this worker; the
-        servers' parameters are then all there is to go on from."""
+        """async: push the held change, and wait until the servers have applied every push
+        of this worker; the servers' parameters are then all there is to go on from."""
+        if self.held is not None:
+            self._push(self.held)
         self.exchange.flush()
-        self.unapplied, self.view = [], None
+        self.unapplied, self.view, self.held = [], None, None
 
     def _forget(self, begun: int) -> None:
         """Drop the oldest ``begun`` pushes, which every part's server has begun to apply.

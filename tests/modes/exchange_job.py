@@ -54,6 +54,7 @@ def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = T
             role.barrier_worker()  # nobody pushes round r + 1 before all have looked
     sync.finish(scope)
     record["final"] = as_lists(read_vars(scope, SHAPES))
+    record["pushes"] = sync.pushed
     with open(os.path.join(out, f"worker{w}.json"), "w") as f:
         json.dump(record, f)
     sync.close(clean=True)
