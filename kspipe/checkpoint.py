@@ -22,7 +22,7 @@ import shutil
 
 import numpy as np
 
-from kspipe.errors import ConfigError, first_line
+from kspipe.errors import ConfigError, StorageError, first_line, storage_error
 from kspipe.files import user_path
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
@@ -52,8 +52,11 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
         OmegaConf.save(cfg, os.path.join(tmp, "config.yaml"), resolve=True)
         if tables is not None:
             tables(os.path.join(tmp, TABLES))
-    except BaseException:  # a stop request or an error mid-write: nothing half-written
+    except BaseException as err:  # a stop request or an error mid-write: nothing half-written
         shutil.rmtree(tmp, ignore_errors=True)
+        full = storage_error(err, f"writing {final}")
+        if full:
+            raise StorageError(f"a checkpoint could not be written: {full}") from err
         raise
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)

@@ -21,7 +21,7 @@ import hydra  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
 from kspipe import stopping  # noqa: E402
-from kspipe.errors import KspipeError, print_error  # noqa: E402
+from kspipe.errors import ClusterError, KspipeError, StorageError, print_error  # noqa: E402
 from kspipe.job import role_from_environment  # noqa: E402
 from kspipe.modes.plan import share_cores  # noqa: E402
 from kspipe.schema import register_schemas  # noqa: E402
@@ -436,6 +436,9 @@ class Jobs:
                 job = job or str(hydra_cfg.job.num)
                 print_error(f"job {job}: {err}")
                 return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
+            if isinstance(err, StorageError) or (isinstance(err, ClusterError)
+                                                 and wrote_checkpoint(cfg)):  # mid-run
+                err = type(err)(f"{err}; the run is recorded as FAILED; {resume_hint(cfg)}")
             fail(err)
         except KeyboardInterrupt as stop:
             stopping.exit_stopped(stop, f"; the run is recorded as KILLED; {resume_hint(cfg)}")
@@ -444,17 +447,23 @@ class Jobs:
         return worst_value(hydra_cfg) if value is None else float(value)
 
 
-def resume_hint(cfg) -> str:
-    """How a stopped run goes on: from its latest checkpoint, if it wrote one."""
+def wrote_checkpoint(cfg) -> bool:
     from kspipe import checkpoint
 
     try:
         checkpoint.latest(cfg.run_dir)
     except KspipeError:
-        if cfg.get("resume"):
-            return f"it wrote no checkpoint: resume={cfg.resume} again starts where it did"
-        return "it wrote no checkpoint to resume from"
-    return f"resume={cfg.run_dir} continues from its latest checkpoint"
+        return False
+    return True
+
+
+def resume_hint(cfg) -> str:
+    """How a stopped run goes on: from its latest checkpoint, if it wrote one."""
+    if wrote_checkpoint(cfg):
+        return f"resume={cfg.run_dir} continues from its latest checkpoint"
+    if cfg.get("resume"):
+        return f"it wrote no checkpoint: resume={cfg.resume} again starts where it did"
+    return "it wrote no checkpoint to resume from"
 
 
 def worst_value(hydra_cfg) -> float:

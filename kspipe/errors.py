@@ -4,6 +4,7 @@ checked to be whole and large enough."""
 
 from __future__ import annotations
 
+import errno
 import sys
 
 
@@ -28,6 +29,23 @@ class ClusterError(KspipeError):
     """A process of a distributed job failed, or the cluster could not be started."""
 
     exit_code = 3
+
+
+class StorageError(KspipeError):
+    """A disk refused a write: full, over its quota, read-only or failing."""
+
+
+#: The errors of a disk that refuses a write: where the job writes is at fault, not the job.
+STORAGE_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO))
+
+
+def storage_error(err: BaseException, where: str) -> StorageError | None:
+    """``err`` as one line, if it is a disk refusing a write (:data:`STORAGE_ERRNOS`);
+    ``where`` says what was being written when the error names no file."""
+    if not isinstance(err, OSError) or err.errno not in STORAGE_ERRNOS:
+        return None
+    reason = err.strerror or first_line(err)
+    return StorageError(f"{reason}: {err.filename}" if err.filename else f"{reason} ({where})")
 
 
 def first_line(err: Exception) -> str:

@@ -20,7 +20,7 @@ from omegaconf import open_dict
 
 from kspipe import config as kconfig
 from kspipe import incremental
-from kspipe.errors import ConfigError
+from kspipe.errors import ConfigError, storage_error
 from kspipe.job import requeued_checkpoint
 from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
                                    process_launcher, stage_caller)
@@ -57,6 +57,9 @@ def run(cfg, pm=None, workload=None) -> dict:
             metrics = run_stages(cfg, stages, role, reporter)
     except BaseException as error:
         pm.hook.kspipe_run_error(cfg=cfg, error=error)
+        full = storage_error(error, f"writing the job's files; its run folder is {run_dir}")
+        if full:
+            raise full from error
         raise
     pm.hook.kspipe_run_end(cfg=cfg, metrics=metrics, run_dir=run_dir)
     return metrics

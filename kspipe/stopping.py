@@ -106,6 +106,28 @@ def default() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def skip_destructors_at_exit() -> None:
+    """This process's ``exit()``, with its status, skips the C++ static destructors.
+
+    A parameter server's C++ calls ``exit(-1)`` from one of its threads when it gives up
+    (a table it cannot save: a full disk).  ``exit`` runs the static destructors, and
+    brpc's server waits in its own for connections that never close: the process would
+    hang, and with it the job's workers, whose save request waits up to 3 hours.  No
+    Python can run then (the server's main thread holds the GIL, blocked in
+    ``run_server``), so the handlers are C's own: C stdio is flushed, then ``_exit`` with
+    the status ``exit`` was given.  Python's exit handlers still run first, at a normal
+    exit.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    on_exit = getattr(libc, "on_exit", None)  # glibc's, as Paddle's wheels need
+    if on_exit is None:
+        return
+    on_exit(libc._exit, None)  # _exit(status): the status comes first, as on_exit gives it
+    libc.__cxa_atexit(libc.fflush, None, None)  # registered last, runs first: fflush(NULL)
+
+
 def _handle(signum, frame) -> None:
     global _requested, _held
     if _holding:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
@@ -27,6 +28,7 @@ from kspipe.errors import ClusterError
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
+RECENT_LINES = 200  # of a process's output, kept beside its log
 CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 #: The exit of a process killed by SIGKILL (itself, or under srun, which exits 128 + 9).
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
@@ -73,6 +75,8 @@ class Process:
     popen: subprocess.Popen
     log: str
     threads: list = field(default_factory=list)
+    #: its output's last lines, for the job's error line when its log cannot be written
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
 
     @property
     def name(self) -> str:
@@ -101,7 +105,8 @@ class Cluster:
                                  cwd=cwd or self.run_dir, preexec_fn=_die_with_parent)
         process = Process(role, index, popen, log_path)
         echo = self.echo_first_worker if (role == "worker" and index == 0) else False
-        thread = threading.Thread(target=_copy_output, args=(popen.stdout, log, echo), daemon=True)
+        thread = threading.Thread(target=_copy_output, daemon=True,
+                                  args=(popen.stdout, log, echo, process.recent))
         thread.start()
         process.threads.append(thread)
         self.processes.append(process)
@@ -152,7 +157,7 @@ class Cluster:
         if killed:
             return _exit_error(killed[0], killed[0].popen.returncode)
         for p in exited:
-            message = error_line(p.log)
+            message = error_line_of(p.recent)
             if message:
                 return ClusterError(f"{p.name}: {message} (its log: {p.log})")
         return _exit_error(failed, code)
@@ -209,19 +214,31 @@ def _signal_group(popen, sig) -> None:
 ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
 
 
-def _copy_output(stream, log, echo: bool) -> None:
-    with log:
-        for line in stream:
-            log.write(line)
-            if echo is True and ECHOED.match(line) or echo == "all":
-                sys.stderr.write(line)
-                sys.stderr.flush()
+def _copy_output(stream, log, echo: bool, recent: deque) -> None:
+    """Every line of a process's output into its log and ``recent`` (and onto the terminal
+    as ``echo`` says).  A log that cannot be written (a full disk) is left: the process
+    goes on, and its last lines are still in ``recent``."""
+    writing = True
+    for line in stream:
+        recent.append(line)
+        if writing:
+            try:
+                log.write(line)
+            except OSError:
+                writing = False
+        if echo is True and ECHOED.match(line) or echo == "all":
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    try:
+        log.close()
+    except OSError:
+        pass
 
 
 def _exit_error(process, code: int) -> ClusterError:
     """A process's exit as the job's error, with its log's last error line."""
     return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}"
-                        f"{_last_line(process.log)}")
+                        f"{_last_line(process.recent)}")
 
 
 def _describe_exit(code: int) -> str:
@@ -233,14 +250,9 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _last_line(path: str) -> str:
-    """The log's last error line, to show beside the failure."""
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
-        return ""
-    for line in reversed(lines):
+def _last_line(lines) -> str:
+    """The last error line of a process's output, to show beside the failure."""
+    for line in reversed([line.strip() for line in lines if line.strip()]):
         if line.startswith("kspipe: error:") or "Error" in line:
             return f" ({line[:300]})"
     return ""
@@ -250,10 +262,15 @@ def error_line(path: str) -> str | None:
     """The message of the last ``kspipe: error:`` line of a role's log, if any."""
     try:
         with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.startswith("kspipe: error:")]
+            return error_line_of(f)
     except OSError:
         return None
-    return lines[-1][len("kspipe: error:"):].strip() if lines else None
+
+
+def error_line_of(lines) -> str | None:
+    """The message of the last ``kspipe: error:`` line of a role's output, if any."""
+    errors = [line.strip() for line in lines if line.startswith("kspipe: error:")]
+    return errors[-1][len("kspipe: error:"):].strip() if errors else None
 
 
 def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,

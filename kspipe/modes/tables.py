@@ -134,8 +134,9 @@ class FleetTables(ParameterSync):
         servers = len(self.role.get_pserver_endpoints())
         missing = missing_shard(folder, self.layout(), servers)
         if missing:  # a server died while saving: this checkpoint must not be completed
-            raise ClusterError(f"{missing}: the servers' tables were not all saved, so the "
-                               f"checkpoint was left incomplete")
+            raise ClusterError(f"{missing}: the servers' tables were not all saved (a "
+                               f"server that could not write them, or died, says why in "
+                               f"its log), so the checkpoint was left incomplete")
         write_manifest(folder, self.layout(), servers, self.rules(), self.pushes)
 
     def load(self, folder: str, scope) -> None:

@@ -11,13 +11,15 @@ Every helper is importable from here; each lives in the module of its kind:
 * :mod:`kspipe.testing.commands`: the ``kspipe`` command in processes of its own (plugins
   installed as a user installs them, its one-line error, the runs and processes it left);
 * :mod:`kspipe.testing.serving`: a run's MLflow model served, and what it must answer;
-* :mod:`kspipe.testing.slurm`: a Slurm cluster on loopback.
+* :mod:`kspipe.testing.slurm`: a Slurm cluster on loopback;
+* :mod:`kspipe.testing.disks`: a disk that fills, one that is read-only (root only).
 """
 
 import os
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
+from kspipe.testing.disks import disk_size, mounts_missing, read_only, small_disk  # noqa: E402
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
 from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
@@ -37,4 +39,5 @@ __all__ = [
     "job_processes",
     "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",
     "local_slurm", "slurm_missing", "stop_daemon",
+    "small_disk", "read_only", "disk_size", "mounts_missing",
 ]

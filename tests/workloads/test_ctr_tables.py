@@ -9,12 +9,14 @@ import os
 import pickle
 import re
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error,
-                            ctr_overrides, job_processes, run_kspipe)
+                            ctr_overrides, disk_size, job_processes, mounts_missing,
+                            run_kspipe, small_disk)
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +209,31 @@ def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path
     metrics = json.loads((tmp_path / "again" / "metrics.json").read_text())
     assert metrics["train_instances"] == 2 * CTR_LINES  # one epoch of this worker's 2 files
     assert metrics["test_auc"] >= CTR_MIN_AUC - 0.05
+
+
+@pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
+def test_a_server_whose_disk_is_full_ends_the_job_in_one_line_not_a_hang(on_servers):
+    """The run folder's disk holds the workers' part of a checkpoint but not the server's
+    shard.  A server of Paddle 2.6.2 that cannot write a shard (after 3 tries) calls
+    exit(-1) from a thread of its own, and its C++ destructors then waited for the
+    workers' connections: the job hung until its save request's 3 hours ran out.  Now the
+    server ends, and the job with it, in one line; nothing is left running and no
+    checkpoint half-written."""
+    tmp, _ = on_servers
+    (saved,) = (tmp / "one" / "checkpoints").iterdir()
+    workers_part = disk_size(saved) - disk_size(saved / "tables")
+    one_server = [a for a in ctr_overrides(tmp, *CLUSTER)
+                  if not a.startswith(("run_dir=", "servers="))] + ["servers=1", "ctr.epochs=1"]
+    with small_disk(tmp / "full", workers_part + 128 * 1024) as disk:
+        started = time.monotonic()
+        result = run_kspipe(*one_server, f"run_dir={disk / 'run'}", cwd=tmp, timeout=300)
+        took = time.monotonic() - started
+        assert_one_line_error(result, "server 0's shard of table",
+                              "the servers' tables were not all saved")
+        assert result.returncode == 3
+        assert took < 120, took
+        assert not job_processes(disk / "run")
+        assert not list((disk / "run" / "checkpoints").iterdir())
 
 
 def server_pid(run_dir) -> int:

@@ -1,0 +1,49 @@
+"""Disks that refuse writes, for the tests of a job whose disk fills or is read-only:
+real mounts (a small tmpfs, a read-only bind mount), so root only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def mounts_missing() -> str | None:
+    """Why no disk can be mounted here (not root, no ``mount``), or None."""
+    if os.geteuid() != 0:
+        return "mounting a disk needs root"
+    if shutil.which("mount") is None:
+        return "no mount command"
+    return None
+
+
+@contextmanager
+def small_disk(folder: Path, size: int):
+    """``folder`` (made) is a tmpfs of ``size`` bytes while the block runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                   check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@contextmanager
+def read_only(folder: Path):
+    """``folder`` (made) is read-only while the block runs (a read-only bind mount of
+    itself): a write into it fails with EROFS."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def disk_size(folder: Path) -> int:
+    """The bytes ``folder``'s files take on a disk (whole blocks)."""
+    return sum(f.stat().st_blocks * 512 for f in Path(folder).rglob("*"))

@@ -1,0 +1,59 @@
+"""A disk that refuses a write mid-run (full, read-only) ends the job in one line that
+names what could not be written and what the run can resume from; the checkpoints
+written before stay whole, and the MLflow run is recorded as FAILED.
+
+The disks are real mounts (kspipe.testing.disks), so these tests need root.  The servers'
+tables on a full disk are in workloads/test_ctr_tables.py.
+"""
+
+import pytest
+
+from kspipe.testing import (assert_one_line_error, disk_size, mounts_missing, read_only,
+                            run_kspipe, run_statuses, small_disk, tiny_overrides)
+
+pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
+
+
+def job(tmp_path, tiny_data, run, *overrides):
+    args = [a for a in tiny_overrides(tmp_path, tiny_data) if not a.startswith("run_dir=")]
+    return run_kspipe("+experiment=omniglot_5way", *args, f"run_dir={run}",
+                      "eval.baseline=false", *overrides, cwd=tmp_path)
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_the_earlier_ones_whole(
+        tmp_path, tiny_data):
+    """The disk holds three checkpoints and a little more: the job, which keeps three,
+    stops at the fourth, says which checkpoint could not be written, and resumes from the
+    third."""
+    probe = tmp_path / "probe"
+    result = job(tmp_path, tiny_data, probe, "train.meta_iters=2", "train.checkpoint_every=1",
+                 "eval.interval=100", "tracking.enabled=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = disk_size(probe / "checkpoints")  # two checkpoints (it keeps 2)
+    with small_disk(tmp_path / "disk", two * 3 // 2 + 64 * 1024) as disk:
+        run = disk / "run"
+        result = job(tmp_path, tiny_data, run, "train.meta_iters=6",
+                     "train.checkpoint_every=1", "train.keep_checkpoints=3",
+                     "eval.interval=100")
+        assert_one_line_error(
+            result, "a checkpoint could not be written: No space left on device",
+            f"(writing {run}/checkpoints/checkpoint-0000004)",
+            f"the run is recorded as FAILED; resume={run} continues from its latest checkpoint")
+        assert result.returncode == 2
+        left = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert left == ["checkpoint-0000001", "checkpoint-0000002", "checkpoint-0000003"]
+        assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
+        resumed = job(tmp_path, tiny_data, tmp_path / "resumed", f"resume={run}",
+                      "train.meta_iters=6", "train.checkpoint_every=100", "eval.interval=100")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from meta-iteration 3 " in resumed.stderr
+
+
+def test_a_model_folder_on_a_read_only_disk_is_one_line_naming_the_file(tmp_path, tiny_data):
+    run = tmp_path / "run"
+    with read_only(run / "inference_model") as model:
+        result = job(tmp_path, tiny_data, run, "train.meta_iters=2", "eval.interval=100")
+    assert_one_line_error(result, f"Read-only file system: {model}/",
+                          f"the run is recorded as FAILED; resume={run} continues from its "
+                          f"latest checkpoint")
+    assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
