@@ -44,8 +44,8 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
     final = os.path.join(folder, f"checkpoint-{step:07d}")
     tmp = final + UNFINISHED
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
+        os.makedirs(tmp)
         write_state(program, scope, os.path.join(tmp, "state"))
         with open(os.path.join(tmp, "progress.json"), "w") as f:
             json.dump(progress, f)

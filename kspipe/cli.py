@@ -438,13 +438,18 @@ class Jobs:
                 return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
             if isinstance(err, StorageError) or (isinstance(err, ClusterError)
                                                  and wrote_checkpoint(cfg)):  # mid-run
-                err = type(err)(f"{err}; the run is recorded as FAILED; {resume_hint(cfg)}")
+                err = type(err)(f"{err}{recorded_as(cfg, 'FAILED')}; {resume_hint(cfg)}")
             fail(err)
         except KeyboardInterrupt as stop:
-            stopping.exit_stopped(stop, f"; the run is recorded as KILLED; {resume_hint(cfg)}")
+            stopping.exit_stopped(stop, f"{recorded_as(cfg, 'KILLED')}; {resume_hint(cfg)}")
         print_summary(cfg, metrics, workload)
         value = metrics.get(workload.headline) if metrics else None
         return worst_value(hydra_cfg) if value is None else float(value)
+
+
+def recorded_as(cfg, status: str) -> str:
+    """What a stopped or failed run's line says of its MLflow run, if it is recorded."""
+    return f"; the run is recorded as {status}" if cfg.tracking.enabled else ""
 
 
 def wrote_checkpoint(cfg) -> bool:

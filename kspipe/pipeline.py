@@ -57,7 +57,7 @@ def run(cfg, pm=None, workload=None) -> dict:
             metrics = run_stages(cfg, stages, role, reporter)
     except BaseException as error:
         pm.hook.kspipe_run_error(cfg=cfg, error=error)
-        full = storage_error(error, f"writing the job's files; its run folder is {run_dir}")
+        full = storage_error(error, f"the job's run folder: {run_dir}")
         if full:
             raise full from error
         raise

@@ -162,8 +162,9 @@ class StrategyExchange(ParameterSync):
     def _flush(self) -> None:
         """async: push the held change, and wait until the servers have applied every push
         of this worker; the servers' parameters are then all there is to go on from."""
-        if self.held is not None:
-            self._push(self.held)
+        held, self.held = self.held, None
+        if held is not None:
+            self._push(held)
         self.exchange.flush()
         self.unapplied, self.view, self.held = [], None, None
 

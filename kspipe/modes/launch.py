@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
@@ -28,7 +27,6 @@ from kspipe.errors import ClusterError
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
-RECENT_LINES = 200  # of a process's output, kept beside its log
 CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 #: The exit of a process killed by SIGKILL (itself, or under srun, which exits 128 + 9).
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
@@ -75,8 +73,10 @@ class Process:
     popen: subprocess.Popen
     log: str
     threads: list = field(default_factory=list)
-    #: its output's last lines, for the job's error line when its log cannot be written
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
+    #: its output's last ``kspipe: error:`` line and last line naming an error, kept
+    #: beside its log (which a full disk may refuse) for the job's error line
+    error: str | None = None
+    failure: str | None = None
 
     @property
     def name(self) -> str:
@@ -106,7 +106,7 @@ class Cluster:
         process = Process(role, index, popen, log_path)
         echo = self.echo_first_worker if (role == "worker" and index == 0) else False
         thread = threading.Thread(target=_copy_output, daemon=True,
-                                  args=(popen.stdout, log, echo, process.recent))
+                                  args=(popen.stdout, log, echo, process))
         thread.start()
         process.threads.append(thread)
         self.processes.append(process)
@@ -157,7 +157,7 @@ class Cluster:
         if killed:
             return _exit_error(killed[0], killed[0].popen.returncode)
         for p in exited:
-            message = error_line_of(p.recent)
+            message = p.error
             if message:
                 return ClusterError(f"{p.name}: {message} (its log: {p.log})")
         return _exit_error(failed, code)
@@ -214,31 +214,46 @@ def _signal_group(popen, sig) -> None:
 ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
 
 
-def _copy_output(stream, log, echo: bool, recent: deque) -> None:
-    """Every line of a process's output into its log and ``recent`` (and onto the terminal
-    as ``echo`` says).  A log that cannot be written (a full disk) is left: the process
-    goes on, and its last lines are still in ``recent``."""
-    writing = True
-    for line in stream:
-        recent.append(line)
-        if writing:
-            try:
-                log.write(line)
-            except OSError:
-                writing = False
-        if echo is True and ECHOED.match(line) or echo == "all":
-            sys.stderr.write(line)
-            sys.stderr.flush()
+def _copy_output(stream, log, echo: bool, process: Process) -> None:
+    """Every line of a process's output into its log (and onto the terminal as ``echo``
+    says), its error lines noted in ``process``.  A log or terminal that cannot be written
+    (a full disk) is left: the output is still read, so the process never blocks."""
     try:
-        log.close()
-    except OSError:
-        pass
+        for line in stream:
+            if line.startswith("kspipe: error:"):
+                process.error = line[len("kspipe: error:"):].strip()
+            if line.startswith("kspipe: error:") or "Error" in line:
+                process.failure = line.strip()
+            if log is not None:
+                try:
+                    log.write(line)
+                except OSError:
+                    _closed(log)
+                    log = None
+            if echo is True and ECHOED.match(line) or echo == "all":
+                try:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                except OSError:
+                    echo = False
+    finally:
+        _closed(log)
+
+
+def _closed(log) -> None:
+    """Close ``log``, whose last lines a full disk may refuse."""
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass
 
 
 def _exit_error(process, code: int) -> ClusterError:
     """A process's exit as the job's error, with its log's last error line."""
+    failure = f" ({process.failure[:300]})" if process.failure else ""
     return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}"
-                        f"{_last_line(process.recent)}")
+                        f"{failure}")
 
 
 def _describe_exit(code: int) -> str:
@@ -250,27 +265,14 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _last_line(lines) -> str:
-    """The last error line of a process's output, to show beside the failure."""
-    for line in reversed([line.strip() for line in lines if line.strip()]):
-        if line.startswith("kspipe: error:") or "Error" in line:
-            return f" ({line[:300]})"
-    return ""
-
-
 def error_line(path: str) -> str | None:
     """The message of the last ``kspipe: error:`` line of a role's log, if any."""
     try:
         with open(path, errors="replace") as f:
-            return error_line_of(f)
+            lines = [line.strip() for line in f if line.startswith("kspipe: error:")]
     except OSError:
         return None
-
-
-def error_line_of(lines) -> str | None:
-    """The message of the last ``kspipe: error:`` line of a role's output, if any."""
-    errors = [line.strip() for line in lines if line.startswith("kspipe: error:")]
-    return errors[-1][len("kspipe: error:"):].strip() if errors else None
+    return lines[-1][len("kspipe: error:"):].strip() if lines else None
 
 
 def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,

@@ -365,7 +365,20 @@ def portable(err: BaseException) -> BaseException:
     as a :class:`KspipeError` with its first line."""
     if isinstance(err, KspipeError):
         return err
-    return KspipeError(f"MLflow: {first_line(err)}")
+    return KspipeError(f"MLflow: {first_line(driver_error(err))}")
+
+
+def driver_error(err: BaseException) -> BaseException:
+    """The database driver's own error under MLflow's and SQLAlchemy's wrappings (whose
+    first line can be SQLAlchemy's "raised as a result of Query-invoked autoflush"): a
+    full disk's "database or disk is full"; else ``err``."""
+    seen = err
+    while seen is not None:
+        orig = getattr(seen, "orig", None)  # SQLAlchemy's DBAPIError: the driver's error
+        if isinstance(orig, BaseException):
+            return orig
+        seen = seen.__cause__
+    return err
 
 
 def ignore_stop_signals() -> None:
@@ -426,7 +439,7 @@ def main(argv: list[str]) -> None:
     except (BrokenPipeError, EOFError):  # the job's process is gone mid-answer
         pass
     except Exception as err:  # the job goes on unrecorded, and is told why
-        say(f"the MLflow recorder stopped: {first_line(err)}")
+        say(f"the MLflow recorder stopped: {first_line(driver_error(err))}")
     finally:
         sys.stdout.flush()
         os._exit(0)  # skip collecting what MLflow made: nothing is left to write

@@ -45,6 +45,8 @@ def client_for(cfg):
 
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # it logs a database error with its SQL before raising it: kspipe says it in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     uri = tracking_uri(cfg)
     probe_server(uri)
     with store_lock(uri):

@@ -244,6 +244,9 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
     def run_server(self) -> None:
         import paddle.distributed.fleet as fleet
 
+        from kspipe import stopping
+
+        stopping.skip_destructors_at_exit()  # a server that gives up ends, not hangs
         fleet.run_server()
 
 

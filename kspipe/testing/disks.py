@@ -28,7 +28,7 @@ def small_disk(folder: Path, size: int):
     try:
         yield folder
     finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @contextmanager
@@ -41,9 +41,14 @@ def read_only(folder: Path):
         subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
         yield folder
     finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+PAGE = 4096
 
 
 def disk_size(folder: Path) -> int:
-    """The bytes ``folder``'s files take on a disk (whole blocks)."""
-    return sum(f.stat().st_blocks * 512 for f in Path(folder).rglob("*"))
+    """The bytes ``folder``'s files would take on a tmpfs: each file's bytes in whole
+    pages (what a file system of its own, compressing or inlining, says is no guide)."""
+    return sum(-(-f.stat().st_size // PAGE) * PAGE for f in Path(folder).rglob("*")
+               if f.is_file())

@@ -57,3 +57,24 @@ def test_a_model_folder_on_a_read_only_disk_is_one_line_naming_the_file(tmp_path
                           f"the run is recorded as FAILED; resume={run} continues from its "
                           f"latest checkpoint")
     assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
+
+
+def test_a_tracking_store_on_a_full_disk_is_one_line(tmp_path, tiny_data):
+    """The MLflow store's disk fills between two runs: the second says so in one line (not
+    SQLAlchemy's "Query-invoked autoflush" with the SQL MLflow logs before raising)."""
+    with small_disk(tmp_path / "disk", 8 * 1024 * 1024) as disk:
+        store = f"tracking.uri=sqlite:///{disk / 'mlflow.db'}"
+        first = job(tmp_path, tiny_data, tmp_path / "first", store, "train.meta_iters=1",
+                    "eval.interval=100")
+        assert first.returncode == 0, first.stderr[-3000:]
+        with open(disk / "filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(bytes(1 << 16))
+                    filler.flush()
+            except OSError:
+                pass
+        result = job(tmp_path, tiny_data, tmp_path / "second", store, "train.meta_iters=1",
+                     "eval.interval=100")
+    assert_one_line_error(result, "MLflow: database or disk is full")
+    assert "[SQL:" not in result.stderr and "autoflush" not in result.stderr, result.stderr
