@@ -42,8 +42,14 @@ def main() -> None:
         job = not (args and args[0] in SUBCOMMANDS)
         stopping.exit_stopped(stop, " before the job began" if job and not Jobs.began else "")
     except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
-        sys.exit(141)  # 128 + SIGPIPE, as a shell's own commands
+        reader_gone()
+
+
+def reader_gone() -> None:
+    """The reader of the command's output is gone (``kspipe ... | head``): exit as a
+    shell's own commands do, silently."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+    sys.exit(141)  # 128 + SIGPIPE
 
 
 #: the command's first arguments that name a command of their own, not a job
@@ -442,7 +448,10 @@ class Jobs:
             fail(err)
         except KeyboardInterrupt as stop:
             stopping.exit_stopped(stop, f"{recorded_as(cfg, 'KILLED')}; {resume_hint(cfg)}")
-        print_summary(cfg, metrics, workload)
+        try:
+            print_summary(cfg, metrics, workload)
+        except BrokenPipeError:  # the job is done; Hydra would print it as its error
+            reader_gone()
         value = metrics.get(workload.headline) if metrics else None
         return worst_value(hydra_cfg) if value is None else float(value)
 

@@ -136,3 +136,24 @@ def test_a_reader_that_is_gone_ends_the_command_quietly(tmp_path):
     err = command.stderr.read().decode()
     assert command.wait(timeout=60) == 141, err
     assert err == ""
+
+
+def test_a_job_whose_reader_is_gone_ends_quietly_with_its_run_recorded(tmp_path, tiny_data):
+    """``kspipe ... | head -1``: the job runs (its progress is on stderr), and its closing
+    line meets a closed pipe: 141 and no traceback (it went through Hydra's error report),
+    the run's files written and its MLflow run FINISHED."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    command = subprocess.Popen([sys.executable, "-m", "kspipe", "+experiment=omniglot_5way",
+                                *tiny_overrides(tmp_path, tiny_data), "train.meta_iters=1",
+                                "eval.baseline=false"],
+                               cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    os.close(read)
+    err = command.stderr.read()
+    assert command.wait(timeout=300) == 141, err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
