@@ -250,7 +250,7 @@ def _closed(log) -> None:
 
 
 def _exit_error(process, code: int) -> ClusterError:
-    """A process's exit as the job's error, with its log's last error line."""
+    """A process's exit as the job's error, with its output's last error line."""
     failure = f" ({process.failure[:300]})" if process.failure else ""
     return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}"
                         f"{failure}")
