@@ -166,7 +166,7 @@ class StrategyExchange(ParameterSync):
         if held is not None:
             self._push(held)
         self.exchange.flush()
-        self.unapplied, self.view, self.held = [], None, None
+        self.unapplied, self.view = [], None
 
     def _forget(self, begun: int) -> None:
         """Drop the oldest ``begun`` pushes, which every part's server has begun to apply.
