@@ -3,19 +3,29 @@ real mounts (a small tmpfs, a read-only bind mount), so root only."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 
+@functools.cache
 def mounts_missing() -> str | None:
-    """Why no disk can be mounted here (not root, no ``mount``), or None."""
+    """Why no disk can be mounted here (not root, no ``mount``, a container that allows
+    none: a small tmpfs is tried), or None."""
     if os.geteuid() != 0:
         return "mounting a disk needs root"
     if shutil.which("mount") is None:
         return "no mount command"
+    with tempfile.TemporaryDirectory() as folder:
+        tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
+                               capture_output=True, text=True)
+        if tried.returncode:
+            return f"no disk can be mounted here: {tried.stderr.strip()[:200]}"
+        subprocess.run(["umount", folder], check=True)
     return None
 
 
