@@ -21,11 +21,11 @@ def mounts_missing() -> str | None:
     if shutil.which("mount") is None:
         return "no mount command"
     with tempfile.TemporaryDirectory() as folder:
-        tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
-                               capture_output=True, text=True)
-        if tried.returncode:
-            return f"no disk can be mounted here: {tried.stderr.strip()[:200]}"
-        subprocess.run(["umount", folder], check=True)
+        try:
+            with small_disk(Path(folder), 64 * 1024):
+                pass
+        except subprocess.CalledProcessError as err:
+            return f"no disk can be mounted here: {(err.stderr or '').strip()[:200]}"
     return None
 
 
@@ -34,7 +34,7 @@ def small_disk(folder: Path, size: int):
     """``folder`` (made) is a tmpfs of ``size`` bytes while the block runs."""
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                   check=True)
+                   check=True, capture_output=True, text=True)
     try:
         yield folder
     finally:
