@@ -1,6 +1,7 @@
 """The parameter servers' exchange: what one step costs, and a generic workload's speed.
 
     python bench/bench_exchange.py [--params 420,112451] [--steps 200] [--skip-workload]
+                                   [--epochs 8] [--repeats 5]
 
 1. One exchange step of each strategy on a loopback cluster (1 server, 2 workers), for
    parameter sets of the given sizes: the parts of a step (the async push and pull, the sync
@@ -9,7 +10,10 @@
 2. The example classifier plugin (plugins/kspipe-classifier, installed into a temporary
    folder as a user would) trained with ``kspipe +experiment=blobs`` at batch 64: local,
    then ``mode=pserver workers=2`` with each strategy; samples/s (all workers' samples over
-   the slowest worker's training time) and test accuracy, and the ratio to local.
+   the slowest worker's training time) and test accuracy, and the ratio to local.  The
+   jobs run in turn, ``--repeats`` times over (local, sync, async, geo, local, ...), so a
+   slow spell of the machine falls on every job alike; each job's median is compared
+   with local's median.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,30 +53,33 @@ def exchange_steps(folder: Path, params: int, steps: int) -> dict:
     return out
 
 
-def classifier_runs(folder: Path) -> dict:
+def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
+    """{job: [its runs' metrics]}, the jobs alternated ``repeats`` times over."""
     site = folder / "site"
     source = folder / "src"
     shutil.copytree(ROOT / "plugins" / "kspipe-classifier", source,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(source)], check=True)
+                    str(site), str(source)], check=True,
+                   env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"))
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
     jobs = {"local": ["mode=local"]}
     for strategy in ("sync", "async", "geo"):
         jobs[f"pserver {strategy}"] = ["mode=pserver", "workers=2", "servers=1",
                                       f"cluster.strategy={strategy}"]
-    out = {}
-    for name, overrides in jobs.items():
-        run = folder / name.replace(" ", "-")
-        result = subprocess.run(
-            [sys.executable, "-m", "kspipe.cli", "+experiment=blobs", *overrides,
-             "classifier.batch_size=64", "classifier.train_points=16384", "classifier.epochs=2",
-             "tracking.enabled=false", f"run_dir={run}"],
-            cwd=folder, env=env, capture_output=True, text=True)
-        if result.returncode:
-            raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
-        out[name] = json.loads((run / "metrics.json").read_text())
+    out = {name: [] for name in jobs}
+    for repeat in range(repeats):
+        for name, overrides in jobs.items():
+            run = folder / f"{name.replace(' ', '-')}-{repeat}"
+            result = subprocess.run(
+                [sys.executable, "-m", "kspipe.cli", "+experiment=blobs", *overrides,
+                 "classifier.batch_size=64", "classifier.train_points=16384",
+                 f"classifier.epochs={epochs}", "tracking.enabled=false", f"run_dir={run}"],
+                cwd=folder, env=env, capture_output=True, text=True)
+            if result.returncode:
+                raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
+            out[name].append(json.loads((run / "metrics.json").read_text()))
     return out
 
 
@@ -82,6 +90,10 @@ def main() -> None:
                              "Reptile's Omniglot model)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--skip-workload", action="store_true")
+    parser.add_argument("--epochs", type=int, default=8,
+                        help="the classifier's epochs (256 steps of batch 64 each)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="runs of each classifier job, alternated")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -93,13 +105,17 @@ def main() -> None:
                       f"  ({parts})")
         if args.skip_workload:
             return
-        print("classifier plugin (+experiment=blobs), batch 64, 16,384 points, 2 epochs")
-        runs = classifier_runs(folder)
-        local = runs["local"]["samples_per_s"]
+        print(f"classifier plugin (+experiment=blobs), batch 64, 16,384 points, "
+              f"{args.epochs} epochs, {args.repeats} runs of each job, alternated")
+        runs = classifier_runs(folder, args.epochs, args.repeats)
+        local = statistics.median(m["samples_per_s"] for m in runs["local"])
         for name, metrics in runs.items():
-            rate = metrics["samples_per_s"]
-            print(f"  {name:<14} {rate:10,.0f} samples/s  {rate / local:5.2f}x local  "
-                  f"test accuracy {metrics['test_accuracy']:.3f}")
+            rates = [m["samples_per_s"] for m in metrics]
+            rate = statistics.median(rates)
+            accuracies = [m["test_accuracy"] for m in metrics]
+            print(f"  {name:<14} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
+                  f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
+                  f"{min(accuracies):.3f}-{max(accuracies):.3f})")
 
 
 if __name__ == "__main__":
