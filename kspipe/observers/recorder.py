@@ -32,7 +32,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from kspipe.errors import ConfigError, KspipeError, first_line
+from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
 from kspipe.files import user_path
 from kspipe.observers.store import is_server, probe_server, shown
 from kspipe.reporting import say
@@ -160,6 +160,7 @@ class Record:
         self.client = None
         self.uri = None
         self.lost = False  # the tracking server stopped answering (said once)
+        self.refused = None  # why the store refused a write (a full disk: said once)
         self.looked = 0.0  # when a lost server was last looked for
         self.plot = None  # the learning curve's picture, once drawn ("" for none)
         self.run_id = None
@@ -236,8 +237,11 @@ class Record:
             self.lost = False
             say(f"the MLflow server at {shown(self.uri)} answers again")
         try:
-            return getattr(self, name)(*args)
-        except Exception:
+            result = getattr(self, name)(*args)
+        except Exception as err:
+            why = write_refused(err)
+            if why is not None:
+                return self.not_written(name, why)
             if self.uri is None or not is_server(self.uri):
                 raise
             try:
@@ -250,20 +254,35 @@ class Record:
                         f"again")
                 return self.unrecorded(name)
             raise
+        return result
 
-    def unrecorded(self, name: str):
-        """What the request ``name`` comes to while the tracking server does not answer:
-        nothing (metrics, artifacts, and a cluster's first worker's curve), else one line."""
+    def not_written(self, name: str, why: str):
+        """What the request ``name`` comes to when the store refuses to write it (``why``:
+        its disk is full, read-only or failing): metrics and artifacts are dropped, said
+        once (a store that refuses some writes may take others: those are recorded); any
+        other request fails in one line."""
+        if name in DROPPED and self.refused is None:
+            self.refused = why
+            say(f"the MLflow store at {shown(self.uri)} cannot be written ({why}): the "
+                f"run's metrics and artifacts it refuses are not recorded there (its run "
+                f"folder holds them all)")
+        if name == "abandoned":  # the job is gone, and has said why
+            return None
+        return self.unrecorded(name, why)
+
+    def unrecorded(self, name: str, why: str = "the MLflow server stopped answering"):
+        """What the request ``name`` comes to while the store cannot take it (the tracking
+        server does not answer, or ``why``): nothing (metrics, artifacts, and a cluster's
+        first worker's curve), else one line."""
         if name in DROPPED:
             return None
         if name == "finish" and not self.owner:
             self.ended = True
-            return "the learning curve was not recorded: the MLflow server stopped answering"
+            return f"the learning curve was not recorded: {why}"
         what = ("the run was not ended there (it shows RUNNING); this run's folder holds its "
                 "results" if name in ENDS else "the run could not be made there"
                 if name == "open" else f"the run's {name} was not recorded")
-        raise ConfigError(f"tracking.uri={shown(self.uri)}: the MLflow server stopped "
-                          f"answering; {what}")
+        raise ConfigError(f"tracking.uri={shown(self.uri)}: {why}; {what}")
 
     def draw(self, run_dir: str | None = None, headline: str = "") -> str | None:
         """The learning curve's picture in ``run_dir`` (once), its path; None without one."""
@@ -381,14 +400,38 @@ def driver_error(err: BaseException) -> BaseException:
     return err
 
 
+#: SQLite's answers when its file cannot be written: the disk, not the store, is at fault.
+SQLITE_REFUSALS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR")
+
+
+def write_refused(err: BaseException) -> str | None:
+    """Why the store could not write, if its disk refused it (full, read-only, failing:
+    SQLite's own error, or an artifact's ``OSError``); else None.  kspipe's own errors
+    (a store that cannot be opened) already say it."""
+    if isinstance(err, KspipeError):
+        return None
+    driver = driver_error(err)
+    if str(getattr(driver, "sqlite_errorname", "")).startswith(SQLITE_REFUSALS):
+        return first_line(driver)
+    seen = err
+    while seen is not None:
+        refused = storage_error(seen, "an artifact")
+        if refused is not None:
+            return str(refused)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def ignore_stop_signals() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
 
 
 def serve(requests: Connection, answers: Connection) -> None:
-    """Carry out requests until the pipe closes."""
+    """Carry out requests until the pipe closes.  A request that needs no answer and fails
+    is said, each failure once."""
     record = Record()
+    said = set()
     while True:
         try:
             name, args, wants_answer = requests.recv()
@@ -401,8 +444,9 @@ def serve(requests: Connection, answers: Connection) -> None:
             result, error = None, portable(err)
         if wants_answer:
             answers.send((result, error))
-        elif error is not None:
-            say(f"MLflow did not record the run's {name}: {error}")
+        elif error is not None and (name, str(error)) not in said:
+            said.add((name, str(error)))
+            say(f"MLflow did not record the run's {name}: {str(error).removeprefix('MLflow: ')}")
 
 
 def prepare(uri: str | None) -> None:

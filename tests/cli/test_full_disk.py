@@ -6,18 +6,21 @@ The disks are real mounts (kspipe.testing.disks), so these tests need root.  The
 tables on a full disk are in workloads/test_ctr_tables.py.
 """
 
+import json
+
 import pytest
 
-from kspipe.testing import (assert_one_line_error, disk_size, mounts_missing, read_only,
-                            run_kspipe, run_statuses, small_disk, tiny_overrides)
+from kspipe.testing import (assert_one_line_error, begun_store, disk_size, install_plugin,
+                            mounts_missing, plugin_env, read_only, run_kspipe, run_statuses,
+                            small_disk, tiny_overrides)
 
 pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
 
 
-def job(tmp_path, tiny_data, run, *overrides):
+def job(tmp_path, tiny_data, run, *overrides, env=None):
     args = [a for a in tiny_overrides(tmp_path, tiny_data) if not a.startswith("run_dir=")]
     return run_kspipe("+experiment=omniglot_5way", *args, f"run_dir={run}",
-                      "eval.baseline=false", *overrides, cwd=tmp_path)
+                      "eval.baseline=false", *overrides, cwd=tmp_path, env=env)
 
 
 def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_the_earlier_ones_whole(
@@ -76,5 +79,57 @@ def test_a_tracking_store_on_a_full_disk_is_one_line(tmp_path, tiny_data):
                 pass
         result = job(tmp_path, tiny_data, tmp_path / "second", store, "train.meta_iters=1",
                      "eval.interval=100")
-    assert_one_line_error(result, "MLflow: database or disk is full")
+    assert_one_line_error(result, f"tracking.uri={store[len('tracking.uri='):]}: database or "
+                                  f"disk is full; the run could not be made there")
     assert "[SQL:" not in result.stderr and "autoflush" not in result.stderr, result.stderr
+
+
+#: A plugin that fills the disk of the file ``KSPIPE_TEST_FILL`` names when the job first
+#: logs metrics: the store's disk fills mid-run, at a known point.
+FILLER = """
+import os
+
+from kspipe import hookimpl
+
+
+@hookimpl
+def kspipe_log_metrics(metrics, step):
+    path = os.environ["KSPIPE_TEST_FILL"]
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+"""
+
+
+def test_a_tracking_store_whose_disk_fills_mid_run_says_so_once_and_the_run_folder_keeps_all(
+        tmp_path, tiny_data):
+    """The store's disk fills at the run's first metrics: the job says once that the store
+    cannot be written (not once per metric), trains on, keeps every result in its run
+    folder, and ends in one line saying the run was not ended in the store."""
+    package = tmp_path / "kspipe_filler"
+    package.mkdir()
+    (package / "__init__.py").write_text(FILLER)
+    site = tmp_path / "site"
+    install_plugin(site, package, "filler = kspipe_filler")
+    with small_disk(tmp_path / "disk", 8 * 1024 * 1024) as disk:
+        store = begun_store(disk)
+        env = dict(plugin_env(site), KSPIPE_TEST_FILL=str(disk / "filler"))
+        run = tmp_path / "run"
+        result = job(tmp_path, tiny_data, run, f"tracking.uri={store}", "train.meta_iters=6",
+                     "eval.interval=1", env=env)
+    assert_one_line_error(result, f"tracking.uri={store}: database or disk is full; the run "
+                                  f"was not ended there (it shows RUNNING)")
+    assert result.returncode == 2
+    said = [line for line in result.stderr.splitlines() if "cannot be written" in line]
+    assert said == [f"kspipe: the MLflow store at {store} cannot be written (database or disk "
+                    f"is full): the run's metrics and artifacts it refuses are not recorded "
+                    f"there (its run folder holds them all)"], result.stderr
+    assert "did not record" not in result.stderr and "recorder stopped" not in result.stderr
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert "test_accuracy" in metrics, metrics
+    assert (run / "learning_curve.png").exists()
