@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 
 from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
 from kspipe.files import user_path
-from kspipe.observers.store import is_server, probe_server, shown
+from kspipe.observers.store import driver_error, is_server, probe_server, shown
 from kspipe.reporting import say
 
 
@@ -385,19 +385,6 @@ def portable(err: BaseException) -> BaseException:
     if isinstance(err, KspipeError):
         return err
     return KspipeError(f"MLflow: {first_line(driver_error(err))}")
-
-
-def driver_error(err: BaseException) -> BaseException:
-    """The database driver's own error under MLflow's and SQLAlchemy's wrappings (whose
-    first line can be SQLAlchemy's "raised as a result of Query-invoked autoflush"): a
-    full disk's "database or disk is full"; else ``err``."""
-    seen = err
-    while seen is not None:
-        orig = getattr(seen, "orig", None)  # SQLAlchemy's DBAPIError: the driver's error
-        if isinstance(orig, BaseException):
-            return orig
-        seen = seen.__cause__
-    return err
 
 
 #: SQLite's answers when its file cannot be written: the disk, not the store, is at fault.

@@ -50,13 +50,17 @@ def client_for(cfg):
     uri = tracking_uri(cfg)
     probe_server(uri)
     with store_lock(uri):
+        begun = begins_store(uri)
         try:
             probe_sqlite(uri)
             client = MlflowClient(tracking_uri=uri)
             experiment_id(client, cfg.tracking.experiment)
-        except KspipeError:
-            raise
-        except Exception as err:  # MLflow's, SQLAlchemy's, the file system's: all say why
+        except BaseException as err:
+            if begun:  # a store half made (a full disk) is no store: the next one begins anew
+                remove_store(begun)
+            if isinstance(err, KspipeError) or not isinstance(err, Exception):
+                raise
+            # MLflow's, SQLAlchemy's, the file system's: all say why
             raise store_error(uri, err) from err
     return client
 
@@ -121,6 +125,22 @@ def store_lock(uri: str):
         yield
     finally:
         os.close(fd)
+
+
+def begins_store(uri: str) -> str | None:
+    """The file of the SQLite store ``uri`` if opening it now creates it (missing, or left
+    empty by :func:`lock_folder`); else None.  Asked under :func:`store_lock`."""
+    path = sqlite_path(uri)
+    if path is None or (os.path.exists(path) and os.path.getsize(path)):
+        return None
+    return path
+
+
+def remove_store(path: str) -> None:
+    """Remove the SQLite store ``path`` and its journals, as far as they exist."""
+    for name in (path, path + "-journal", path + "-wal", path + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
 
 
 def lock_folder(path: str) -> int:
@@ -233,4 +253,18 @@ def shown(uri: str) -> str:
 def store_error(uri: str, err: Exception) -> ConfigError:
     """The one line for a store that cannot be opened, with the reason's first line."""
     return ConfigError(f"tracking.uri={shown(uri)}: cannot open the MLflow store: "
-                       f"{first_line(err)}")
+                       f"{first_line(driver_error(err))}")
+
+
+def driver_error(err: BaseException) -> BaseException:
+    """The database driver's own error under MLflow's and SQLAlchemy's wrappings (whose
+    first line can be SQLAlchemy's "raised as a result of Query-invoked autoflush"): a
+    full disk's "database or disk is full"; else ``err``."""
+    seen = err
+    while seen is not None:
+        orig = getattr(seen, "orig", None)  # SQLAlchemy's DBAPIError: the driver's error
+        if isinstance(orig, BaseException):
+            return orig
+        seen = seen.__cause__
+    return err
+

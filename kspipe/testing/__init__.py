@@ -19,7 +19,7 @@ import os
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from kspipe.testing.disks import disk_size, mounts_missing, read_only, small_disk  # noqa: E402
+from kspipe.testing.disks import disk_size, mounts_missing, read_only, resize, small_disk  # noqa: E402
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
 from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
@@ -39,5 +39,5 @@ __all__ = [
     "job_processes",
     "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",
     "local_slurm", "slurm_missing", "stop_daemon",
-    "small_disk", "read_only", "disk_size", "mounts_missing",
+    "small_disk", "read_only", "resize", "disk_size", "mounts_missing",
 ]

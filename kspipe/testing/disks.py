@@ -41,6 +41,12 @@ def small_disk(folder: Path, size: int):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
+def resize(folder: Path, size: int) -> None:
+    """Make the tmpfs of :func:`small_disk` at ``folder`` ``size`` bytes, its files kept."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True,
+                   capture_output=True, text=True)
+
+
 @contextmanager
 def read_only(folder: Path):
     """``folder`` (made) is read-only while the block runs (a read-only bind mount of

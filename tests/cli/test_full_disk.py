@@ -11,8 +11,8 @@ import json
 import pytest
 
 from kspipe.testing import (assert_one_line_error, begun_store, disk_size, install_plugin,
-                            mounts_missing, plugin_env, read_only, run_kspipe, run_statuses,
-                            small_disk, tiny_overrides)
+                            mounts_missing, plugin_env, read_only, resize, run_kspipe,
+                            run_statuses, small_disk, tiny_overrides)
 
 pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
 
@@ -82,6 +82,27 @@ def test_a_tracking_store_on_a_full_disk_is_one_line(tmp_path, tiny_data):
     assert_one_line_error(result, f"tracking.uri={store[len('tracking.uri='):]}: database or "
                                   f"disk is full; the run could not be made there")
     assert "[SQL:" not in result.stderr and "autoflush" not in result.stderr, result.stderr
+
+
+
+def test_a_new_tracking_store_on_a_disk_too_small_is_one_line_and_leaves_no_half_store(
+        tmp_path, tiny_data):
+    """MLflow makes a new store in steps (its schema's migrations): a disk that fills among
+    them would leave a file no later job can open ("table _alembic_tmp_... already
+    exists").  The failed job says why in one line and leaves no file; once the disk has
+    room, the next job makes the store."""
+    with small_disk(tmp_path / "disk", 256 * 1024) as disk:
+        store = f"sqlite:///{disk / 'mlflow.db'}"
+        result = job(tmp_path, tiny_data, tmp_path / "first", f"tracking.uri={store}",
+                     "train.meta_iters=1", "eval.interval=100")
+        assert_one_line_error(result, f"tracking.uri={store}: cannot open the MLflow store: "
+                                      f"database or disk is full")
+        assert list(disk.iterdir()) == []
+        resize(disk, 16 * 1024 * 1024)
+        second = job(tmp_path, tiny_data, tmp_path / "second", f"tracking.uri={store}",
+                     "train.meta_iters=1", "eval.interval=100")
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert run_statuses(disk / "mlflow.db") == ["FINISHED"]
 
 
 #: A plugin that fills the disk of the file ``KSPIPE_TEST_FILL`` names when the job first
