@@ -239,7 +239,7 @@ class Record:
         try:
             result = getattr(self, name)(*args)
         except Exception as err:
-            why = write_refused(err)
+            why = None if is_server(self.uri or "") else write_refused(err)
             if why is not None:
                 return self.not_written(name, why)
             if self.uri is None or not is_server(self.uri):
@@ -392,16 +392,17 @@ SQLITE_REFUSALS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR")
 
 
 def write_refused(err: BaseException) -> str | None:
-    """Why the store could not write, if its disk refused it (full, read-only, failing:
-    SQLite's own error, or an artifact's ``OSError``); else None.  kspipe's own errors
-    (a store that cannot be opened) already say it."""
+    """Why a store on this machine's disks could not write, if the disk refused it (full,
+    read-only, failing: SQLite's own error, or an artifact's ``OSError``); else None.
+    kspipe's own errors (a store that cannot be opened) already say it."""
     if isinstance(err, KspipeError):
         return None
     driver = driver_error(err)
     if str(getattr(driver, "sqlite_errorname", "")).startswith(SQLITE_REFUSALS):
         return first_line(driver)
-    seen = err
-    while seen is not None:
+    seen, looked = err, set()
+    while seen is not None and id(seen) not in looked:  # causes can loop
+        looked.add(id(seen))
         refused = storage_error(seen, "an artifact")
         if refused is not None:
             return str(refused)

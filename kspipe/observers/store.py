@@ -54,7 +54,7 @@ def client_for(cfg):
         try:
             probe_sqlite(uri)
             client = MlflowClient(tracking_uri=uri)
-            experiment_id(client, cfg.tracking.experiment)
+            experiment_id(client, cfg.tracking.experiment, uri)
         except BaseException as err:
             if begun:  # a store half made (a full disk) is no store: the next one begins anew
                 remove_store(begun)
@@ -65,20 +65,34 @@ def client_for(cfg):
     return client
 
 
-def experiment_id(client, name: str) -> str:
-    """The id of the experiment ``name``, created if there is none."""
+def experiment_id(client, name: str, uri: str | None = None) -> str:
+    """The id of the experiment ``name``, created if there is none (in the store ``uri``,
+    if given: :func:`create_experiment`)."""
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(name)
+        return create_experiment(client, name, uri)
     except MlflowException:  # made meanwhile by a process that does not take the lock
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def create_experiment(client, name: str, uri: str | None) -> str:
+    """A new experiment ``name``.  In a SQLite store its runs' artifacts go beside the store,
+    in ``mlruns/<experiment id>`` (MLflow would put them in ``./mlruns`` of whichever folder
+    the job that made the experiment ran in, wherever the store is)."""
+    path = sqlite_path(uri) if uri else None
+    if path is None:
+        return client.create_experiment(name)
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "mlruns")
+    return SqlAlchemyStore(uri, beside).create_experiment(name)
 
 
 def runs_page(cfg, experiment: str, headline: str = "") -> str:
@@ -129,18 +143,24 @@ def store_lock(uri: str):
 
 def begins_store(uri: str) -> str | None:
     """The file of the SQLite store ``uri`` if opening it now creates it (missing, or left
-    empty by :func:`lock_folder`); else None.  Asked under :func:`store_lock`."""
+    empty by :func:`lock_folder` or :func:`remove_store`); else None (a symbolic link is
+    never taken for a new store).  Asked under :func:`store_lock`."""
     path = sqlite_path(uri)
-    if path is None or (os.path.exists(path) and os.path.getsize(path)):
+    if path is None or os.path.islink(path) or (os.path.exists(path)
+                                               and os.path.getsize(path)):
         return None
     return path
 
 
 def remove_store(path: str) -> None:
-    """Remove the SQLite store ``path`` and its journals, as far as they exist."""
-    for name in (path, path + "-journal", path + "-wal", path + "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
+    """Undo a SQLite store half made: its file emptied (not removed: where the lock is on
+    the file itself, a job waiting for it must find the same file, and an empty one is a
+    new store to the next job) and its journals removed, as far as the disk allows."""
+    with contextlib.suppress(OSError):
+        os.truncate(path, 0)
+    for journal in (path + "-journal", path + "-wal", path + "-shm"):
+        with contextlib.suppress(OSError):
+            os.remove(journal)
 
 
 def lock_folder(path: str) -> int:
@@ -267,4 +287,3 @@ def driver_error(err: BaseException) -> BaseException:
             return orig
         seen = seen.__cause__
     return err
-

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from kspipe.errors import ConfigError
 from kspipe.observers import store, sweep_runs
-from kspipe.testing import Server, run_statuses, tiny_overrides
+from kspipe.testing import Server, begun_store, run_kspipe, run_statuses, tiny_overrides
 
 #: The smallest run: one meta-iteration, two evaluation tasks, no baseline.
 QUICK = ["train.meta_iters=1", "train.inner_iters=1", "eval.tasks=2", "eval.train_tasks=2",
@@ -147,6 +147,23 @@ def test_a_tracking_server_that_stops_answering_mid_run_ends_the_job_in_one_line
     assert f"kspipe: the MLflow server at {url} stopped answering" in out
     assert (tmp_path / "run" / "metrics.json").is_file()  # trained to the end, results kept
     assert (tmp_path / "run" / "learning_curve.png").is_file()
+
+
+def test_a_stores_artifacts_are_beside_it_not_in_the_folder_a_job_started_in(tmp_path,
+                                                                            tiny_data):
+    """MLflow puts a new experiment's artifacts in ``./mlruns`` of the folder the job that
+    made it ran in, wherever the store is; kspipe puts them beside a SQLite store."""
+    project = tmp_path / "project"
+    project.mkdir()
+    uri = begun_store(tmp_path / "store")
+    tiny = [o for o in tiny_overrides(tmp_path, tiny_data)
+            if not o.startswith(("run_dir=", "tracking.uri="))]
+    result = run_kspipe("+experiment=omniglot_5way", *tiny, *QUICK, f"tracking.uri={uri}",
+                        f"run_dir={project / 'run'}", cwd=project)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(os.listdir(project)) == ["run"]
+    configs = list((tmp_path / "store" / "mlruns").glob("*/*/artifacts/config.yaml"))
+    assert len(configs) == 1, list((tmp_path / "store").rglob("*"))
 
 
 def test_a_sweeps_parent_run_opens_the_store_the_same_way(tmp_path):
