@@ -39,10 +39,24 @@ def main() -> None:
     try:
         command(args)
     except KeyboardInterrupt as stop:
+        end_sweep("KILLED")
         job = not (args and args[0] in SUBCOMMANDS)
         stopping.exit_stopped(stop, " before the job began" if job and not Jobs.began else "")
     except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
+        end_sweep("FAILED")
         reader_gone()
+    except BaseException as err:  # a job's own stop exits 128 + signal once it has said so
+        stopped = isinstance(err, SystemExit) and err.code in stopping.STOPPED_EXIT_CODES
+        end_sweep("KILLED" if stopped else "FAILED")
+        raise
+
+
+def end_sweep(status: str) -> None:
+    """A sweep cut short (a stop, a failure outside its jobs) ends its parent run
+    ``status``, if this command made one."""
+    runs = sys.modules.get("kspipe.observers.sweep_runs")  # loaded by a sweep only
+    if runs is not None:
+        runs.end_unfinished_parent(status)
 
 
 def reader_gone() -> None:

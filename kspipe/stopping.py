@@ -157,6 +157,10 @@ def deferred(enabled: bool = True):
         _deferring -= 1
 
 
+#: How a command that a stop ended exits (:func:`exit_stopped`): ``128 + signal``.
+STOPPED_EXIT_CODES = frozenset(128 + signum for signum in (signal.SIGINT, signal.SIGTERM))
+
+
 def exit_stopped(stop: KeyboardInterrupt, tail: str = "") -> None:
     """Say in one line, ``stopped by <signal><tail>``, that ``stop`` (a :class:`Preempted`,
     or Python's own Ctrl-C) ended the command, and exit ``128 + signal``."""

@@ -9,6 +9,7 @@ sweep's callback (:mod:`kspipe.observers.sweep`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -36,14 +37,35 @@ class RunRecord:
     workload: Workload | None
 
 
+#: The parent run this process made and has not ended yet: (config, run id), or None.
+_open: tuple | None = None
+
+
 def start_parent_run(cfg, run_name: str, tags: dict) -> str:
     """Create a sweep's parent run and name it in ``KSPIPE_PARENT_RUN_ID``, so the runs of
     the jobs (in this process or the ones it starts) become its children; return its id."""
+    global _open
     client = client_for(cfg)
     run = client.create_run(experiment_id(client, cfg.tracking.experiment),
                             run_name=run_name, tags=tags)
     os.environ[PARENT_RUN_ENV] = run.info.run_id
+    _open = (cfg, run.info.run_id)
     return run.info.run_id
+
+
+def end_unfinished_parent(status: str) -> None:
+    """End the parent run this process made with ``status`` (``KILLED``, ``FAILED``), if a
+    stop or a failure cut the sweep short before its end (Hydra then calls no callback):
+    no run is left RUNNING.  As far as the store allows, quietly: the command is already
+    saying why it stops."""
+    global _open
+    if _open is None:
+        return
+    (cfg, parent_id), _open = _open, None
+    with contextlib.suppress(Exception):
+        client_for(cfg).set_terminated(parent_id, status)
+    if os.environ.get(PARENT_RUN_ENV) == parent_id:
+        del os.environ[PARENT_RUN_ENV]
 
 
 def child_runs(cfg, parent_id: str) -> list[RunRecord]:
@@ -60,6 +82,8 @@ def child_runs(cfg, parent_id: str) -> list[RunRecord]:
 def finish_parent_run(cfg, parent_id: str, status: str, artifacts=(), tags=None) -> None:
     """Attach ``artifacts`` (files) and ``tags`` to the parent run and end it with ``status``
     (``FINISHED`` or ``FAILED``); ``KSPIPE_PARENT_RUN_ID`` is cleared whatever happens."""
+    global _open
+    _open = None
     try:
         client = client_for(cfg)
         for path in artifacts:

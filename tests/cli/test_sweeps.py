@@ -4,6 +4,7 @@ listing and an installed plugin package: registry/test_entry_points.py.)"""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +74,34 @@ def test_a_failing_job_fails_its_child_and_the_parent_but_not_the_others(sweep):
                 if c.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert parent.info.status == "FAILED"
     assert children == {"3": "FINISHED", "30": "FAILED"}
+
+
+def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path, tiny_data):
+    """Ctrl-C in a sweep's first job: the job stops at a safe point (KILLED), and so does
+    the sweep, whose parent run Hydra would leave RUNNING (it calls no callback then)."""
+    sweep_dir = tmp_path / "multi"
+    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli", "-m",
+                            *sweep_args(tmp_path, tiny_data), "task.ways=3,4",
+                            "train.meta_iters=100000", "train.checkpoint_every=2",
+                            "eval.interval=0", "eval.baseline=false",
+                            f"hydra.sweep.dir={sweep_dir}"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(sweep_dir.glob("0/checkpoints/checkpoint-*")):
+            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 128 + signal.SIGINT, stderr
+    assert "Traceback" not in stderr, stderr
+    _, found = runs(tmp_path)
+    statuses = {r.data.tags.get("kspipe.sweep", "job"): r.info.status for r in found}
+    assert statuses == {"parent": "KILLED", "job": "KILLED"}, statuses
+    assert not (sweep_dir / "1").exists()  # the sweep stopped: no second job
 
 
 def test_the_mlflow_ui_serves_the_sweep(sweep):
