@@ -39,9 +39,10 @@ def main() -> None:
     try:
         command(args)
     except KeyboardInterrupt as stop:
-        end_sweep("KILLED")
+        swept = end_sweep("KILLED")
         job = not (args and args[0] in SUBCOMMANDS)
-        stopping.exit_stopped(stop, " before the job began" if job and not Jobs.began else "")
+        stopping.exit_stopped(stop, (" before the job began" if job and not Jobs.began
+                                     else "") + swept)
     except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
         end_sweep("FAILED")
         reader_gone()
@@ -51,12 +52,11 @@ def main() -> None:
         raise
 
 
-def end_sweep(status: str) -> None:
-    """A sweep cut short (a stop, a failure outside its jobs) ends its parent run
-    ``status``, if this command made one."""
-    runs = sys.modules.get("kspipe.observers.sweep_runs")  # loaded by a sweep only
-    if runs is not None:
-        runs.end_unfinished_parent(status)
+def end_sweep(status: str) -> str:
+    """A sweep cut short (a stop, a failure outside its jobs) ends as
+    :func:`kspipe.observers.sweep.cut_short` says; what the command's last line adds."""
+    sweep = sys.modules.get("kspipe.observers.sweep")  # loaded by a sweep only
+    return sweep.cut_short(status) if sweep is not None else ""
 
 
 def reader_gone() -> None:

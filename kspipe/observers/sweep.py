@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
+import subprocess
 import sys
+import time
 
 from hydra.experimental.callback import Callback
 
@@ -80,10 +83,14 @@ class SweepCallback(Callback):
         self.parent_id = None
         self.swept: list[str] = []
         self.failed: list[str] = []  # "<job>: <why>", one per job that failed
+        self.config = None
+        self.started = 0.0
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        global _running
         self.swept = swept_keys(config.hydra.overrides.task)
         self.failed = []
+        self.config, self.started, _running = config, time.time(), self
         if not config.tracking.enabled:
             return
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
@@ -100,6 +107,8 @@ class SweepCallback(Callback):
             self.failed.append(job_return.return_value.reason)
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        global _running
+        _running = None
         try:
             if self.parent_id is not None:
                 self.finish(config)
@@ -136,6 +145,42 @@ class SweepCallback(Callback):
         finally:
             sweep_runs.finish_parent_run(config, self.parent_id, status,
                                          [path for path in outputs if path], tags)
+
+
+    def scheduled_jobs(self) -> list[str]:
+        """The Slurm jobs submitit's launcher submitted for this sweep (the job folders it
+        made in the sweep's ``.submitit``, since the sweep began); none for another
+        launcher."""
+        launcher = str(self.config.hydra.launcher.get("_target_", ""))
+        folder = os.path.join(str(self.config.hydra.sweep.dir), ".submitit")
+        if "submitit" not in launcher or not os.path.isdir(folder):
+            return []
+        jobs = {entry.name.partition("_")[0] for entry in os.scandir(folder)
+                if entry.is_dir() and entry.name.partition("_")[0].isdigit()
+                and entry.stat().st_mtime >= self.started - 1}
+        return sorted(jobs, key=int)
+
+
+#: The sweep this process runs, from its start to its end.
+_running: SweepCallback | None = None
+
+
+def cut_short(status: str) -> str:
+    """End the sweep this process runs, which a stop (``KILLED``) or a failure (``FAILED``)
+    cut short, so that Hydra calls no callback: the Slurm jobs the command was waiting for
+    are cancelled (each stops at a safe point, as on preemption), and the parent run ends
+    ``status``.  Returns what the command's last line adds (the jobs cancelled)."""
+    global _running
+    sweep, _running = _running, None
+    note = ""
+    if sweep is not None:
+        jobs = sweep.scheduled_jobs()
+        if jobs and shutil.which("scancel"):
+            subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
+            note = (f"; the sweep's Slurm jobs ({', '.join(jobs)}) are cancelled: each stops "
+                    f"at a safe point, its run KILLED")
+    sweep_runs.end_unfinished_parent(status)
+    return note
 
 
 def best_job(rows: list[dict], workloads: list[Workload]) -> dict:

@@ -5,6 +5,7 @@ kspipe's own launcher reaches, bit for bit."""
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -291,6 +292,38 @@ def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data,
     for name, value in launched.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert nothing_queued(slurm)
+
+
+@needs_slurm
+def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tiny_data, slurm):
+    """Ctrl-C while the command waits for its sweep's Slurm jobs: the jobs are cancelled
+    (Slurm's SIGTERM stops each at a safe point, its run KILLED), not left running on the
+    cluster, and the parent run ends KILLED."""
+    sweep = tmp_path / "sweep"
+    job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cli", "-m", "hydra/launcher=submitit_slurm",
+         "hydra.launcher.mem_gb=null", *job, "workers=1", "train.meta_iters=100000",
+         "train.checkpoint_every=2", "eval.interval=0", "task.ways=3,4",
+         f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=dict(env, **slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        wait_for(lambda: all(list(sweep.glob(f"{i}/checkpoints/checkpoint-*")) for i in (0, 1))
+                 or command.poll() is not None, 300, lambda: "no checkpoint")
+        assert command.poll() is None, command.communicate()
+        command.send_signal(signal.SIGINT)
+        _, stderr = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    assert command.returncode == 128 + signal.SIGINT, stderr
+    (line,) = [line for line in stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert line.startswith("kspipe: error: stopped by SIGINT; the sweep's Slurm jobs (")
+    assert line.endswith(") are cancelled: each stops at a safe point, its run KILLED")
+    assert nothing_queued(slurm, 60)
+    assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"] * 3  # the parent, both jobs
 
 
 @needs_slurm
