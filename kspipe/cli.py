@@ -54,9 +54,13 @@ def main() -> None:
 
 def end_sweep(status: str) -> str:
     """A sweep cut short (a stop, a failure outside its jobs) ends as
-    :func:`kspipe.observers.sweep.cut_short` says; what the command's last line adds."""
-    sweep = sys.modules.get("kspipe.observers.sweep")  # loaded by a sweep only
-    return sweep.cut_short(status) if sweep is not None else ""
+    :func:`kspipe.observers.sweep.cut_short` says; what the command's last line adds.  A
+    second stop meanwhile leaves it there."""
+    sweep = sys.modules.get("kspipe.observers.sweep")  # loaded where a sweep may run
+    try:
+        return sweep.cut_short(status) if sweep is not None else ""
+    except KeyboardInterrupt:
+        return ""
 
 
 def reader_gone() -> None:

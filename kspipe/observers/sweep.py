@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 from hydra.experimental.callback import Callback
 
@@ -84,13 +83,14 @@ class SweepCallback(Callback):
         self.swept: list[str] = []
         self.failed: list[str] = []  # "<job>: <why>", one per job that failed
         self.config = None
-        self.started = 0.0
+        self.earlier_jobs: set = set()  # Slurm jobs in the sweep's submitit folder before it
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _running
         self.swept = swept_keys(config.hydra.overrides.task)
         self.failed = []
-        self.config, self.started, _running = config, time.time(), self
+        self.config, _running = config, self
+        self.earlier_jobs = set(self.submitted_jobs())
         if not config.tracking.enabled:
             return
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
@@ -146,19 +146,35 @@ class SweepCallback(Callback):
             sweep_runs.finish_parent_run(config, self.parent_id, status,
                                          [path for path in outputs if path], tags)
 
-
-    def scheduled_jobs(self) -> list[str]:
-        """The Slurm jobs submitit's launcher submitted for this sweep (the job folders it
-        made in the sweep's ``.submitit``, since the sweep began); none for another
-        launcher."""
-        launcher = str(self.config.hydra.launcher.get("_target_", ""))
-        folder = os.path.join(str(self.config.hydra.sweep.dir), ".submitit")
-        if "submitit" not in launcher or not os.path.isdir(folder):
+    def submitted_jobs(self) -> list[str]:
+        """The Slurm jobs in the folder where submitit's Slurm launcher keeps its jobs' files
+        (``hydra.launcher.submitit_folder``: a folder ``<job>`` or ``<job>_<task>`` each);
+        none for another launcher."""
+        launcher = self.config.hydra.get("launcher") or {}
+        if not str(launcher.get("_target_", "")).endswith(".SlurmLauncher"):
             return []
-        jobs = {entry.name.partition("_")[0] for entry in os.scandir(folder)
-                if entry.is_dir() and entry.name.partition("_")[0].isdigit()
-                and entry.stat().st_mtime >= self.started - 1}
-        return sorted(jobs, key=int)
+        from submitit.core.utils import JobPaths
+
+        folder = JobPaths.get_first_id_independent_folder(str(launcher.submitit_folder))
+        if not os.path.isdir(folder):
+            return []
+        return [entry.name.partition("_")[0] for entry in os.scandir(folder)
+                if entry.is_dir() and entry.name.partition("_")[0].isdigit()]
+
+    def cancel_jobs(self) -> list[str]:
+        """Cancel this sweep's Slurm jobs still queued or running (``scancel``: Slurm sends a
+        running one SIGTERM, and kspipe's job stops at its next safe point); the ones
+        cancelled."""
+        ours = set(self.submitted_jobs()) - self.earlier_jobs
+        if not ours or not shutil.which("squeue"):
+            return []
+        queue = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True,
+                               timeout=60)
+        jobs = sorted(ours & set(queue.stdout.split()), key=int)
+        if not jobs or subprocess.run(["scancel", *jobs], capture_output=True,
+                                      timeout=60).returncode:
+            return []
+        return jobs
 
 
 #: The sweep this process runs, from its start to its end.
@@ -167,20 +183,25 @@ _running: SweepCallback | None = None
 
 def cut_short(status: str) -> str:
     """End the sweep this process runs, which a stop (``KILLED``) or a failure (``FAILED``)
-    cut short, so that Hydra calls no callback: the Slurm jobs the command was waiting for
-    are cancelled (each stops at a safe point, as on preemption), and the parent run ends
-    ``status``.  Returns what the command's last line adds (the jobs cancelled)."""
+    cut short, so that Hydra calls no callback: on a stop, the Slurm jobs the command was
+    waiting for are cancelled (after a failure, they go on: a job that failed does not stop
+    the others); the parent run ends ``status``.  Returns what the command's last line
+    adds."""
     global _running
     sweep, _running = _running, None
-    note = ""
-    if sweep is not None:
-        jobs = sweep.scheduled_jobs()
-        if jobs and shutil.which("scancel"):
-            subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
-            note = (f"; the sweep's Slurm jobs ({', '.join(jobs)}) are cancelled: each stops "
-                    f"at a safe point, its run KILLED")
-    sweep_runs.end_unfinished_parent(status)
-    return note
+    cancelled = []
+    try:
+        if sweep is not None and status == "KILLED":
+            cancelled = sweep.cancel_jobs()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    finally:
+        ended = sweep_runs.end_unfinished_parent(status)
+    said = f"; the sweep's parent run is recorded as {status}" if ended else ""
+    if cancelled:
+        said += (f"; its Slurm jobs still queued or running ({', '.join(cancelled)}) are "
+                 f"cancelled (a running one stops at its next safe point)")
+    return said
 
 
 def best_job(rows: list[dict], workloads: list[Workload]) -> dict:

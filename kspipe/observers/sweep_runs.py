@@ -9,7 +9,6 @@ sweep's callback (:mod:`kspipe.observers.sweep`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
@@ -53,19 +52,23 @@ def start_parent_run(cfg, run_name: str, tags: dict) -> str:
     return run.info.run_id
 
 
-def end_unfinished_parent(status: str) -> None:
+def end_unfinished_parent(status: str) -> bool:
     """End the parent run this process made with ``status`` (``KILLED``, ``FAILED``), if a
     stop or a failure cut the sweep short before its end (Hydra then calls no callback):
     no run is left RUNNING.  As far as the store allows, quietly: the command is already
-    saying why it stops."""
+    saying why it stops.  Whether it was ended."""
     global _open
     if _open is None:
-        return
+        return False
     (cfg, parent_id), _open = _open, None
-    with contextlib.suppress(Exception):
+    try:
         client_for(cfg).set_terminated(parent_id, status)
-    if os.environ.get(PARENT_RUN_ENV) == parent_id:
-        del os.environ[PARENT_RUN_ENV]
+        return True
+    except Exception:
+        return False
+    finally:
+        if os.environ.get(PARENT_RUN_ENV) == parent_id:
+            del os.environ[PARENT_RUN_ENV]
 
 
 def child_runs(cfg, parent_id: str) -> list[RunRecord]:

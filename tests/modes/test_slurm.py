@@ -320,8 +320,9 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
             command.kill()
     assert command.returncode == 128 + signal.SIGINT, stderr
     (line,) = [line for line in stderr.splitlines() if line.startswith("kspipe: error:")]
-    assert line.startswith("kspipe: error: stopped by SIGINT; the sweep's Slurm jobs (")
-    assert line.endswith(") are cancelled: each stops at a safe point, its run KILLED")
+    assert line.startswith("kspipe: error: stopped by SIGINT; the sweep's parent run is "
+                           "recorded as KILLED; its Slurm jobs still queued or running (")
+    assert line.endswith(") are cancelled (a running one stops at its next safe point)")
     assert nothing_queued(slurm, 60)
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"] * 3  # the parent, both jobs
 
