@@ -19,7 +19,8 @@ import os
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from kspipe.testing.disks import disk_size, mounts_missing, read_only, resize, small_disk  # noqa: E402
+from kspipe.testing.disks import (disk_size, mounts_missing, read_only, resize,  # noqa: E402
+                                  small_disk)
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses)
 from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
