@@ -36,13 +36,44 @@ def train_steps(onednn: bool, build_strategy=None):
     return programs, np.array(losses), logits
 
 
+def first_step(onednn: bool) -> tuple:
+    """The model's logits before any step, and the first step's loss and gradients."""
+    import paddle
+
+    cfg = compose_config(["model.filters=16", f"compile.onednn_conv={onednn}"])
+    programs = build_programs((28, 28, 1), 5, cfg.model, 0.01, seed=0)
+    programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
+    exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+    exe.run(programs.startup, scope=scope)
+    rng = np.random.default_rng(0)
+    x = rng.random((10, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 5, (10, 1))
+    (logits,) = exe.run(programs.forward, feed={"x": x}, fetch_list=[programs.logits],
+                        scope=scope)
+    names = [p.name for p in programs.train_program.all_parameters() if p.trainable]
+    loss, *grads = exe.run(programs.train_program, feed={"x": x, "y": y},
+                           fetch_list=[programs.loss, *(f"{n}@GRAD" for n in names)], scope=scope)
+    return logits, loss, dict(zip(names, grads))
+
+
 def test_onednn_convolutions_match_the_default_kernels():
-    programs, losses, logits = train_steps(onednn=True)
+    """The same numbers to float rounding: the logits, the first step's loss and every
+    gradient.  Over a few Adam steps the runs drift further apart (Adam divides by each
+    gradient's running size, so rounding in a tiny gradient becomes a step of another
+    size), and how far depends on the CPU's kernels: the losses are compared loosely."""
+    programs, losses, _ = train_steps(onednn=True)
     conv_ops = [op for op in programs.train.global_block().ops if op.type.startswith("conv2d")]
     assert conv_ops and all(op.attr("use_mkldnn") for op in conv_ops)
-    _, default_losses, default_logits = train_steps(onednn=False)
-    np.testing.assert_allclose(losses, default_losses, rtol=1e-3)  # 3 Adam steps amplify rounding
-    np.testing.assert_allclose(logits, default_logits, rtol=1e-3, atol=1e-3)
+    _, default_losses, _ = train_steps(onednn=False)
+    np.testing.assert_allclose(losses, default_losses, rtol=1e-3)
+    (logits, loss, grads), (logits0, loss0, grads0) = first_step(True), first_step(False)
+    np.testing.assert_allclose(logits, logits0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss, loss0, rtol=1e-5)
+    assert grads.keys() == grads0.keys() and "conv0.w" in grads
+    for name, grad in grads.items():
+        scale = float(np.abs(grads0[name]).max())
+        np.testing.assert_allclose(grad, grads0[name], rtol=1e-4, atol=1e-5 * scale,
+                                   err_msg=name)
 
 
 def test_build_strategy_options_compile_the_training_program():
