@@ -22,7 +22,8 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 from kspipe.testing.disks import (disk_size, mounts_missing, read_only, resize,  # noqa: E402
                                   small_disk)
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
-                                     job_processes, plugin_env, run_kspipe, run_statuses)
+                                     job_processes, plugin_env, run_kspipe, run_statuses,
+                                     stopped_when)
 from kspipe.testing.runs import (CTR_LINES, CTR_MIN_AUC, SCHEDULED_COLLECTIVE,  # noqa: E402
                                  SCHEDULED_JOB, HookRecorder, QuietReporter, begun_store,
                                  compose_config, ctr_overrides, latest_weights, overloaded,
@@ -37,7 +38,7 @@ __all__ = [
     "CTR_LINES", "CTR_MIN_AUC", "SCHEDULED_JOB", "SCHEDULED_COLLECTIVE", "scheduled_overrides",
     "latest_weights", "plugin_manager", "QuietReporter", "HookRecorder", "overloaded",
     "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
-    "job_processes",
+    "job_processes", "stopped_when",
     "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",
     "local_slurm", "slurm_missing", "stop_daemon",
     "small_disk", "read_only", "resize", "disk_size", "mounts_missing",

@@ -5,6 +5,7 @@ processes of its job still running."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 
@@ -62,6 +63,24 @@ def run_statuses(db: Path) -> list[str]:
             return sorted(status for (status,) in con.execute("select status from runs"))
     except sqlite3.OperationalError:  # a store begun, no run table in it
         return []
+
+
+def stopped_when(process, ready, timeout: float, signum: int = signal.SIGINT) -> str:
+    """Send ``process`` (a ``Popen`` with text pipes) the signal ``signum`` (by default a
+    user's Ctrl-C) once ``ready()`` holds, and return its standard error once it has ended;
+    it fails if ``process`` ends first or ``ready()`` takes over ``timeout`` seconds."""
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signum)
+        return process.communicate(timeout=60)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
 
 
 def job_processes(run_dir) -> list[int]:

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from kspipe.endpoints import free_ports
-from kspipe.testing import run_kspipe, tiny_overrides
+from kspipe.testing import run_kspipe, stopped_when, tiny_overrides
 
 
 def sweep_args(tmp_path, data):
@@ -86,16 +86,7 @@ def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path
                             "eval.interval=0", "eval.baseline=false",
                             f"hydra.sweep.dir={sweep_dir}"],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not list(sweep_dir.glob("0/checkpoints/checkpoint-*")):
-            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
-            time.sleep(0.05)
-        job.send_signal(signal.SIGINT)
-        _, stderr = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
+    stderr = stopped_when(job, lambda: list(sweep_dir.glob("0/checkpoints/checkpoint-*")), 120)
     assert job.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr, stderr
     _, found = runs(tmp_path)

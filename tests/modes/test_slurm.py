@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kspipe.testing import (SCHEDULED_COLLECTIVE, job_processes, latest_weights,
-                            run_statuses, scheduled_overrides, slurm_missing)
+                            run_statuses, scheduled_overrides, slurm_missing, stopped_when)
 
 #: Slurm's tests run where a Slurm can be started here (installed, and root: the README
 #: installs it so); elsewhere they are skipped, saying why.
@@ -309,15 +309,8 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
          f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path, env=dict(env, **slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    try:
-        wait_for(lambda: all(list(sweep.glob(f"{i}/checkpoints/checkpoint-*")) for i in (0, 1))
-                 or command.poll() is not None, 300, lambda: "no checkpoint")
-        assert command.poll() is None, command.communicate()
-        command.send_signal(signal.SIGINT)
-        _, stderr = command.communicate(timeout=60)
-    finally:
-        if command.poll() is None:
-            command.kill()
+    stderr = stopped_when(command, lambda: all(list(sweep.glob(f"{i}/checkpoints/checkpoint-*"))
+                                               for i in (0, 1)), 300)
     assert command.returncode == 128 + signal.SIGINT, stderr
     (line,) = [line for line in stderr.splitlines() if line.startswith("kspipe: error:")]
     assert line.startswith("kspipe: error: stopped by SIGINT; the sweep's parent run is "
