@@ -19,8 +19,8 @@ import os
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-from kspipe.testing.disks import (disk_size, mounts_missing, read_only, resize,  # noqa: E402
-                                  small_disk)
+from kspipe.testing.disks import (disk_size, fill, mounts_missing, read_only,  # noqa: E402
+                                  resize, small_disk)
 from kspipe.testing.commands import (assert_one_line_error, install_plugin,  # noqa: E402
                                      job_processes, plugin_env, run_kspipe, run_statuses,
                                      stopped_when)
@@ -41,5 +41,5 @@ __all__ = [
     "job_processes", "stopped_when",
     "Server", "model_server", "invoke", "a_test_task", "reference_adaptation",
     "local_slurm", "slurm_missing", "stop_daemon",
-    "small_disk", "read_only", "resize", "disk_size", "mounts_missing",
+    "small_disk", "read_only", "resize", "fill", "disk_size", "mounts_missing",
 ]

@@ -41,6 +41,17 @@ def small_disk(folder: Path, size: int):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
+def fill(path: Path) -> None:
+    """Write the file ``path`` until its disk refuses more (a disk made full)."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+        except OSError:
+            pass
+
+
 def resize(folder: Path, size: int) -> None:
     """Make the tmpfs of :func:`small_disk` at ``folder`` ``size`` bytes, its files kept."""
     subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True,

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from kspipe.testing import (assert_one_line_error, begun_store, disk_size, install_plugin,
-                            mounts_missing, plugin_env, read_only, resize, run_kspipe,
-                            run_statuses, small_disk, tiny_overrides)
+from kspipe.testing import (assert_one_line_error, begun_store, disk_size, fill,
+                            install_plugin, mounts_missing, plugin_env, read_only, resize,
+                            run_kspipe, run_statuses, small_disk, tiny_overrides)
 
 pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
 
@@ -70,13 +70,7 @@ def test_a_tracking_store_on_a_full_disk_is_one_line(tmp_path, tiny_data):
         first = job(tmp_path, tiny_data, tmp_path / "first", store, "train.meta_iters=1",
                     "eval.interval=100")
         assert first.returncode == 0, first.stderr[-3000:]
-        with open(disk / "filler", "wb") as filler:
-            try:
-                while True:
-                    filler.write(bytes(1 << 16))
-                    filler.flush()
-            except OSError:
-                pass
+        fill(disk / "filler")
         result = job(tmp_path, tiny_data, tmp_path / "second", store, "train.meta_iters=1",
                      "eval.interval=100")
     assert_one_line_error(result, f"tracking.uri={store[len('tracking.uri='):]}: database or "
@@ -110,19 +104,14 @@ FILLER = """
 import os
 
 from kspipe import hookimpl
+from kspipe.testing import fill
 
 
 @hookimpl
 def kspipe_log_metrics(metrics, step):
     path = os.environ["KSPIPE_TEST_FILL"]
     if not os.path.exists(path):
-        with open(path, "wb") as f:
-            try:
-                while True:
-                    f.write(bytes(1 << 16))
-                    f.flush()
-            except OSError:
-                pass
+        fill(path)
 """
 
 

@@ -32,8 +32,7 @@ def train_steps(onednn: bool, build_strategy=None):
         (loss,) = exe.run(programs.train_program, feed={"x": x, "y": y},
                           fetch_list=[programs.loss], scope=scope)
         losses.append(float(np.asarray(loss).mean()))
-    (logits,) = exe.run(programs.forward, feed={"x": x}, fetch_list=[programs.logits], scope=scope)
-    return programs, np.array(losses), logits
+    return programs, np.array(losses)
 
 
 def first_step(onednn: bool) -> tuple:
@@ -61,10 +60,10 @@ def test_onednn_convolutions_match_the_default_kernels():
     gradient.  Over a few Adam steps the runs drift further apart (Adam divides by each
     gradient's running size, so rounding in a tiny gradient becomes a step of another
     size), and how far depends on the CPU's kernels: the losses are compared loosely."""
-    programs, losses, _ = train_steps(onednn=True)
+    programs, losses = train_steps(onednn=True)
     conv_ops = [op for op in programs.train.global_block().ops if op.type.startswith("conv2d")]
     assert conv_ops and all(op.attr("use_mkldnn") for op in conv_ops)
-    _, default_losses, _ = train_steps(onednn=False)
+    _, default_losses = train_steps(onednn=False)
     np.testing.assert_allclose(losses, default_losses, rtol=1e-3)
     (logits, loss, grads), (logits0, loss0, grads0) = first_step(True), first_step(False)
     np.testing.assert_allclose(logits, logits0, rtol=1e-5, atol=1e-5)
@@ -77,7 +76,7 @@ def test_onednn_convolutions_match_the_default_kernels():
 
 
 def test_build_strategy_options_compile_the_training_program():
-    programs, losses, _ = train_steps(onednn=False, build_strategy={"enable_inplace": False})
+    programs, losses = train_steps(onednn=False, build_strategy={"enable_inplace": False})
     assert programs.compiled_train is not None
     assert np.isfinite(losses).all()
 
