@@ -241,16 +241,19 @@ def _program(body, prefix: str = ""):
 
 
 def _spread(get, pairs, tasks):
-    """Every slot <- the model's variable: tiled T times, or copied when one serves all
-    (Adam's step counts, the learning rate)."""
+    """Every slot <- the model's variable: T copies, task-major, or one where one serves
+    all (Adam's step counts, the learning rate); each with one op into the slot."""
     import paddle
 
     for model_var, slot in pairs:
         value = get(model_var)
         if _size(slot) != _size(model_var):
-            value = paddle.reshape(paddle.tile(paddle.reshape(value, [1, -1]), [tasks, 1]),
-                                   list(slot.shape))
-        paddle.assign(value, get(slot))
+            piece = [slot.shape[0] // tasks, *slot.shape[1:]]  # one task's part of the slot
+            if piece != list(model_var.shape):
+                value = paddle.reshape(value, piece)
+            _into("concat", [value] * tasks, get(slot), axis=0)
+        else:
+            _into("assign", value, get(slot))
 
 
 def _gather(get, pairs, params, tasks):
@@ -259,17 +262,15 @@ def _gather(get, pairs, params, tasks):
     import paddle
 
     for model_var, slot in pairs:
-        shape = list(model_var.shape)
         if model_var.name in params:
-            total = paddle.reshape(paddle.sum(paddle.reshape(get(slot), [tasks, -1]), axis=0),
-                                   shape)
             acc = get(model_var, model_var.name + ACC)
-            paddle.assign(paddle.add(acc, total), acc)
+            _into("sum", [acc, *_by_task(get(slot), tasks, model_var.shape)], acc)
         elif _size(slot) != _size(model_var):
-            mean = paddle.mean(paddle.reshape(get(slot), [tasks, -1]), axis=0)
-            paddle.assign(paddle.reshape(mean, shape), get(model_var))
+            total = paddle.add_n(_by_task(get(slot), tasks, model_var.shape))
+            _into("scale", total, get(model_var), scale=1.0 / tasks, bias=0.0,
+                  bias_after_scale=True)
         else:
-            paddle.assign(get(slot), get(model_var))
+            _into("assign", get(slot), get(model_var))
 
 
 def lane_name(lane: int, name: str) -> str:
@@ -290,8 +291,7 @@ def lane_gather(together: BatchedPrograms, lane: int):
         for model_var, slot in together.pairs:
             share = get(model_var, lane_name(lane, model_var.name))
             if model_var.name in together.params or _size(slot) != _size(model_var):
-                by_task = paddle.reshape(get(slot), [tasks, *model_var.shape])  # task-major
-                _into("reduce_sum", by_task, share, dim=[0], keep_dim=False, reduce_all=False)
+                _into("sum", _by_task(get(slot), tasks, model_var.shape), share)
             else:
                 _into("assign", get(slot), share)
 
@@ -329,9 +329,21 @@ def combine_lanes(lanes: list[BatchedPrograms]):
 
 
 def _into(op_type: str, x, out, **attrs) -> None:
-    """One ``op_type`` op of ``x`` that writes straight into the scope variable ``out``
-    (no temporary, no copy after it: each op of a program costs its first run ~3 ms)."""
-    out.block.append_op(type=op_type, inputs={"X": [x]}, outputs={"Out": [out]}, attrs=attrs)
+    """One ``op_type`` op of ``x`` (a variable or a list of them) that writes straight
+    into the scope variable ``out`` (no temporary, no copy after it: each op of a program
+    costs its first run ~3 ms)."""
+    out.block.append_op(type=op_type, inputs={"X": x if isinstance(x, list) else [x]},
+                        outputs={"Out": [out]}, attrs=attrs)
+
+
+def _by_task(slot, tasks: int, shape) -> list:
+    """Each task's copy in ``slot``, of the model variable's ``shape``.  Summed with one
+    ``sum`` op: a copy along the first axis and an add, where Paddle's ``reduce_sum``
+    over the tasks' axis of a convolution's [T, out, in, k, k] was 5% of a training
+    job's CPU time (BENCHMARKS.md)."""
+    import paddle
+
+    return list(paddle.unbind(paddle.reshape(slot, [tasks, *shape]), axis=0))
 
 
 def _unprefixed(name: str, prefix: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 from concurrent.futures import wait
 from contextlib import closing
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,58 +16,84 @@ from kspipe.reptile.batched import thread_count
 from kspipe.reptile.tasks import evaluation_task
 
 
-def evaluate(model, together, reporter, classes: list, num_tasks: int, stream: int,
-             label: str) -> tuple:
+@dataclass(frozen=True)
+class Evaluation:
+    """``tasks`` fresh tasks of ``classes`` from task stream ``stream``, their progress
+    shown under ``label``."""
+
+    classes: list
+    tasks: int
+    stream: int
+    label: str
+
+
+def evaluate(model, together, reporter, evaluations: list) -> list[tuple]:
     """Mean query accuracy of ``model`` (an :class:`~kspipe.reptile.adaptation.Adapter`)
-    over ``num_tasks`` fresh tasks of ``classes``, and its 95% half-width; the progress
-    goes to ``reporter`` under ``label``.
+    over each of ``evaluations`` (:class:`Evaluation`), and its 95% half-width; the
+    progress goes to ``reporter``.
 
     Each task adapts from the current theta and optimiser state, which are restored
     afterwards, so evaluating changes nothing.  With ``together`` (the programs of
     ``eval.batch_tasks`` tasks side by side; None: one task at a time) transductive
     evaluation adapts that many tasks at once, on ``eval.threads`` threads, to the same
-    numbers.
+    numbers.  The evaluations share the threads: a learning curve's point adapts its
+    train and its test tasks at once, where one after the other would leave a core idle.
     """
     cfg = model.cfg
     model.run(model.p.snapshot)
-    accuracies = []
+    accuracies: list[list] = [[] for _ in evaluations]
+
+    def make(key):
+        which, k = key
+        return evaluation_task(cfg, evaluations[which].classes, evaluations[which].stream, k)
+
+    keys = [(which, k) for which, e in enumerate(evaluations) for k in range(e.tasks)]
+    size = together.tasks if together is not None else 1
     try:
-        with closing(Prefetcher(lambda k: evaluation_task(cfg, classes, stream, k),
-                                range(num_tasks))) as feed:
+        with closing(Prefetcher(make, keys)) as feed:
             lanes = (model.lanes(thread_count(cfg.eval.threads), together)
                      if together is not None else [])
+            groups = chunks(feed, size)
             if lanes:  # two or more, each on its own thread
-                groups = chunks(feed, together.tasks)
-                with closing(groups_on_lanes(model, together, groups, lanes)) as results:
-                    for done, group_accuracies in results:
-                        accuracies += group_accuracies
-                        reporter.progress(label, done, num_tasks,
-                                          {"accuracy": float(np.mean(accuracies))})
-                        stopping.check()
+                adapted = groups_on_lanes(model, together, groups, lanes)
             else:
-                for group in chunks(feed, together.tasks if together is not None else 1):
+                adapted = ((group, adapt_here(model, together, group)) for group in groups)
+            with closing(adapted):
+                for group, group_accuracies in adapted:
+                    (which, _), _ = group[0]
+                    accuracies[which] += group_accuracies
+                    reporter.progress(evaluations[which].label, group[-1][0][1] + 1,
+                                      evaluations[which].tasks,
+                                      {"accuracy": float(np.mean(accuracies[which]))})
                     stopping.check()
-                    if together is not None:
-                        accuracies += accuracies_together(model, together,
-                                                          [t for _, t in group])
-                    else:
-                        _, (sx, sy, qx, qy, rng) = group[0]
-                        model.run(model.p.restore_snapshot)
-                        model.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, rng)
-                        accuracies.append(float(np.mean(model.classify(sx, qx) == qy)))
-                    reporter.progress(label, group[-1][0] + 1, num_tasks,
-                                      {"accuracy": float(np.mean(accuracies))})
     finally:
         model.run(model.p.restore_snapshot)
-    acc = np.array(accuracies)
-    half = 1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else 0.0
-    return float(acc.mean()), float(half)
+    return [mean_and_half_width(np.array(acc)) for acc in accuracies]
+
+
+def mean_and_half_width(accuracies: np.ndarray) -> tuple[float, float]:
+    """The mean of ``accuracies`` and its 95% half-width (0 for a single one)."""
+    half = (1.96 * accuracies.std(ddof=1) / np.sqrt(len(accuracies))
+            if len(accuracies) > 1 else 0.0)
+    return float(accuracies.mean()), float(half)
+
+
+def adapt_here(model, together, group: list) -> list:
+    """The query accuracies of ``group`` ((key, task) pairs) adapted on the job's thread:
+    side by side with ``together``, else its one task alone."""
+    if together is not None:
+        return accuracies_together(model, together, [task for _, task in group])
+    (_, (sx, sy, qx, qy, rng)), = group
+    cfg = model.cfg.eval
+    model.run(model.p.restore_snapshot)
+    model.adapt(sx, sy, cfg.inner_batch, cfg.inner_iters, rng)
+    return [float(np.mean(model.classify(sx, qx) == qy))]
 
 
 def groups_on_lanes(model, together, groups, lanes: list):
-    """Adapt ``groups`` (lists of (index, task)) on ``lanes``, each on its lane's thread;
-    yields (tasks done, their accuracies) per group, in order.  When it ends or is closed,
-    the groups not started are dropped and those running are waited for."""
+    """Adapt ``groups`` (lists of (key, task)) on ``lanes``, each on its lane's thread;
+    yields (group, its accuracies) per group, in order.  When it ends or is closed, the
+    groups not started are dropped and those running are waited for."""
     free: queue.Queue = queue.Queue()
     for lane in lanes:
         free.put(lane)
@@ -81,7 +108,7 @@ def groups_on_lanes(model, together, groups, lanes: list):
     try:
         for group in groups:
             lane = free.get()
-            pending.append((group[-1][0] + 1, lane.submit(adapt, group)))
+            pending.append((group, lane.submit(adapt, group)))
             while pending and (pending[0][1].done() or len(pending) >= len(lanes)):
                 done, future = pending.pop(0)
                 yield done, future.result()
@@ -109,9 +136,13 @@ def accuracies_together(model, together, tasks: list, lane=None) -> list:
 
 
 def chunks(items, size: int):
-    """Lists of ``size`` consecutive ``items`` (the last one shorter)."""
+    """Lists of ``size`` consecutive ``items``, ((evaluation, index), task) pairs, each of
+    one evaluation (its last one shorter)."""
     group = []
     for item in items:
+        if group and item[0][0] != group[0][0][0]:
+            yield group
+            group = []
         group.append(item)
         if len(group) == size:
             yield group

@@ -15,6 +15,7 @@ from kspipe import checkpoint
 from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
+from kspipe.reptile.evaluation import Evaluation
 from kspipe.reptile.batched import (combine_lanes, lane_gather, lane_shares, tasks_together,
                                      train_lanes)
 from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
@@ -115,8 +116,11 @@ class ReptileLearner(Adapter):
     def evaluate(self, classes: list, num_tasks: int, stream: int, label: str) -> tuple:
         """Mean query accuracy over ``num_tasks`` fresh tasks of ``classes``, and its 95%
         half-width, changing nothing (:func:`kspipe.reptile.evaluation.evaluate`)."""
-        return evaluation.evaluate(self, self.eval_together, self.reporter, classes, num_tasks,
-                                   stream, label)
+        return self.evaluate_all([Evaluation(classes, num_tasks, stream, label)])[0]
+
+    def evaluate_all(self, evaluations: list) -> list[tuple]:
+        """:meth:`evaluate` for each of ``evaluations`` (:class:`Evaluation`), at once."""
+        return evaluation.evaluate(self, self.eval_together, self.reporter, evaluations)
 
     # --- meta-training ------------------------------------------------------------
 

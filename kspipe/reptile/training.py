@@ -16,6 +16,7 @@ from kspipe.errors import ClusterError
 from kspipe.fewshot.data import Prefetcher
 from kspipe.files import user_path
 from kspipe.incremental import start_from
+from kspipe.reptile.evaluation import Evaluation
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM
 
@@ -127,10 +128,9 @@ def curve_point(learner: ReptileLearner, done: int, losses: list, shown: dict) -
     """The learning curve's point after ``done`` meta-iterations: train and test accuracy on
     ``eval.interval_tasks`` tasks each, and the mean loss since the last point."""
     cfg = learner.cfg
-    train_acc, _ = learner.evaluate(learner.dataset.train, cfg.eval.interval_tasks, CURVE_STREAM,
-                                    "curve (train)")
-    test_acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM,
-                                   "curve (test)")
+    (train_acc, _), (test_acc, _) = learner.evaluate_all([
+        Evaluation(learner.dataset.train, cfg.eval.interval_tasks, CURVE_STREAM, "curve (train)"),
+        Evaluation(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM, "curve (test)")])
     shown["test acc"] = test_acc  # on the progress line from now on
     learner.reporter.metrics({"curve/train_accuracy": train_acc,
                               "curve/test_accuracy": test_acc,
@@ -197,9 +197,9 @@ def baseline_evaluation(learner: ReptileLearner, untrained: dict) -> dict:
 def final_evaluation(learner: ReptileLearner) -> dict:
     """Test accuracy on ``eval.tasks`` test tasks and train accuracy, with 95% half-widths."""
     cfg = learner.cfg
-    acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate")
-    out = {"test_accuracy": acc, "test_accuracy_ci95": ci}
-    acc, ci = learner.evaluate(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
-                               "evaluate (train)")
-    out.update(train_accuracy=acc, train_accuracy_ci95=ci)
-    return out
+    (test, test_ci), (train, train_ci) = learner.evaluate_all([
+        Evaluation(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate"),
+        Evaluation(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
+                   "evaluate (train)")])
+    return {"test_accuracy": test, "test_accuracy_ci95": test_ci,
+            "train_accuracy": train, "train_accuracy_ci95": train_ci}

@@ -7,7 +7,7 @@ from kspipe.fewshot.data import sample_task
 from kspipe.reptile import evaluation
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, meta_step_size
-from kspipe.reptile.tasks import EVAL_TEST_STREAM, nchw
+from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, nchw
 from kspipe.testing import QuietReporter
 
 
@@ -101,8 +101,8 @@ def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner)
     batched = learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")
     for name, value in values(learner, learner.p.state).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
-    one_by_one = evaluation.evaluate(learner, None, learner.reporter, learner.dataset.test, 5,
-                                     EVAL_TEST_STREAM, "test")
+    one_by_one, = evaluation.evaluate(learner, None, learner.reporter, [
+        evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")])
     assert batched == pytest.approx(one_by_one)
 
     tasks = []  # the same three tasks, side by side and then one by one
@@ -160,6 +160,23 @@ def test_test_tasks_spread_over_threads_score_as_in_one(make_learner):
     assert scores[3] == pytest.approx(scores[1], abs=1e-12)
     for name, value in values(learner, learner.p.state).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+def test_evaluations_at_once_score_as_each_alone(make_learner, monkeypatch):
+    """A learning curve's point adapts its train and test tasks on the threads together:
+    the same accuracies as each evaluation alone, and each one's progress counted apart."""
+    learner = make_learner("eval.batch_tasks=2", "eval.threads=2")
+    learner.meta_iteration(0, learner.train_tasks(0))
+    evaluations = [evaluation.Evaluation(learner.dataset.train, 3, CURVE_STREAM, "train"),
+                   evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")]
+    alone = [learner.evaluate(e.classes, e.tasks, e.stream, e.label) for e in evaluations]
+    shown = []
+    monkeypatch.setattr(learner.reporter, "progress",
+                        lambda label, done, total, values: shown.append((label, done, total)))
+    assert learner.evaluate_all(evaluations) == pytest.approx(alone, abs=1e-12)
+    # groups of two, never across evaluations: 2 + 1 train tasks, then 2 + 2 + 1 test tasks
+    assert shown == [("train", 2, 3), ("train", 3, 3), ("test", 2, 5), ("test", 4, 5),
+                     ("test", 5, 5)]
 
 
 def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner, monkeypatch):
