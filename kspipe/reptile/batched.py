@@ -318,7 +318,7 @@ def combine_lanes(lanes: list[BatchedPrograms]):
             shares = [get(model_var, lane_name(i, model_var.name)) for i in range(len(lanes))]
             if model_var.name in first.params:
                 acc = get(model_var, model_var.name + ACC)
-                _into("assign", paddle.add_n([acc, *shares]), acc)
+                _into("sum", [acc, *shares], acc)
             elif _size(slot) != _size(model_var):
                 _into("scale", paddle.add_n(shares), get(model_var), scale=1.0 / tasks,
                       bias=0.0, bias_after_scale=True)

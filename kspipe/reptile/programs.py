@@ -226,7 +226,8 @@ def _scale_program(startup, params, shapes, rate: float):
 
 
 def _meta_update_program(startup, params, shapes):
-    """theta <- a * theta + b * acc; params <- theta; acc <- 0.  Feeds ``a`` and ``b``."""
+    """theta <- a * theta + b * acc; params <- theta; acc <- 0.  Feeds ``a`` and ``b``.
+    Each op writes its variable in place: five ops a parameter, no temporaries."""
     import paddle
 
     program = paddle.static.Program()
@@ -234,14 +235,20 @@ def _meta_update_program(startup, params, shapes):
         a = paddle.static.data("meta_a", [1], "float32")
         b = paddle.static.data("meta_b", [1], "float32")
         block = program.global_block()
+
+        def op(op_type, out, attrs=None, **inputs):
+            block.append_op(type=op_type, inputs={k: [v] for k, v in inputs.items()},
+                            outputs={"Out": [out]}, attrs=attrs or {})
+
         for p in params:
             pv = _backup_var(block, startup, p, shapes[p], "float32")
             theta = _backup_var(block, startup, p + THETA, shapes[p], "float32")
             acc = _backup_var(block, startup, p + ACC, shapes[p], "float32")
-            new = paddle.add(paddle.multiply(theta, a), paddle.multiply(acc, b))
-            paddle.assign(new, theta)
-            paddle.assign(new, pv)
-            paddle.assign(paddle.zeros_like(acc), acc)
+            op("elementwise_mul", theta, {"axis": -1}, X=theta, Y=a)
+            op("elementwise_mul", acc, {"axis": -1}, X=acc, Y=b)
+            op("elementwise_add", theta, {"axis": -1}, X=theta, Y=acc)
+            op("assign", pv, X=theta)
+            op("fill_constant", acc, {"shape": list(shapes[p]), "dtype": acc.dtype, "value": 0.0})
     return program
 
 
