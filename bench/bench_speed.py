@@ -20,6 +20,7 @@ step in numpy, the whole state saved and restored around each test task.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -86,7 +87,8 @@ def reference_job(args) -> None:
     def step(x, y):
         exe.run(p.train, feed={"x": x, "y": y.reshape(-1, 1)}, scope=scope)
 
-    train, started = cfg.train, time.perf_counter()
+    startup = time.time() - started()
+    train, began = cfg.train, time.perf_counter()
     for i in range(train.meta_iters):
         theta, adapted = export(p.params), []
         for j in range(train.meta_batch):
@@ -100,7 +102,7 @@ def reference_job(args) -> None:
         eps = meta_step_size(i, train.meta_iters, train.meta_step, train.meta_step_final)
         load(p.params, [old + eps * (np.mean(new, axis=0) - old)
                         for old, *new in zip(theta, *adapted)])
-    trained = time.perf_counter() - started
+    trained = time.perf_counter() - began
 
     def evaluate(classes, tasks, stream):
         state, accuracies = export(p.state), []
@@ -118,30 +120,63 @@ def reference_job(args) -> None:
         acc = np.array(accuracies)
         return float(acc.mean()), float(1.96 * acc.std(ddof=1) / np.sqrt(len(acc)))
 
-    started = time.perf_counter()
+    began = time.perf_counter()
     accuracy, ci = evaluate(dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM)
     evaluate(dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM)
-    report(train_s=trained, eval_s=time.perf_counter() - started, test_accuracy=accuracy,
+    evaluated = time.perf_counter()
+    report(startup_s=startup, train_s=trained, eval_s=evaluated - began, test_accuracy=accuracy,
            test_accuracy_ci95=ci)
 
 
 # --- kspipe -------------------------------------------------------------------------
 
+class Stamped(io.TextIOBase):
+    """A stream that keeps each line written to it with the time it came (kspipe's
+    progress lines, the phases' ends)."""
+
+    def __init__(self):
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        now = time.time()
+        self.lines += [(now, line) for line in text.splitlines() if line.strip()]
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    def last(self, prefix: str) -> float:
+        return [at for at, line in self.lines if line.startswith(prefix)][-1]
+
+    def first(self, prefix: str) -> float:
+        return [at for at, line in self.lines if line.startswith(prefix)][0]
+
+
 def kspipe_job(overrides: list[str]) -> None:
-    """``kspipe <overrides>`` in this process, then its figures from the closing line."""
+    """``kspipe <overrides>`` in this process, then its figures from the closing line and
+    its phases from the times of its progress lines: start-up to the first meta-iteration's
+    line, training to the last one's, evaluation to the last evaluation's, then the end."""
     import contextlib
-    import io
 
     from kspipe import cli
 
     sys.argv = ["kspipe", *overrides]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, progress = io.StringIO(), Stamped()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(progress):
         cli.main()
     line = [s for s in out.getvalue().splitlines() if s.startswith("kspipe: done")][-1]
     acc, ci = re.search(r"test_accuracy ([\d.]+) ± ([\d.]+)", line).groups()
     rate = float(re.search(r"tasks_per_s ([\d.]+)", line).group(1))
-    report(test_accuracy=float(acc), test_accuracy_ci95=float(ci), tasks_per_s=rate)
+    first, trained = progress.first("meta-train"), progress.last("meta-train")
+    evaluated = progress.last("evaluate")
+    report(test_accuracy=float(acc), test_accuracy_ci95=float(ci), tasks_per_s=rate,
+           startup_s=first - started(), train_s=trained - first, eval_s=evaluated - trained,
+           end_s=time.time() - evaluated)
+
+
+def started() -> float:
+    """When the parent started this child process (``time.time()``)."""
+    return float(os.environ["BENCH_STARTED"])
 
 
 # --- one inner step -----------------------------------------------------------------
@@ -236,8 +271,9 @@ def two_threads(exe, programs, batch, rng, steps) -> float:
 
 def child(argv: list[str], cwd: str, env: dict = None) -> tuple[float, dict]:
     start = time.perf_counter()
+    env = {**os.environ, **(env or {}), "BENCH_STARTED": repr(time.time())}
     result = subprocess.run([sys.executable, __file__, *argv], cwd=cwd, capture_output=True,
-                            text=True, env={**os.environ, **(env or {})})
+                            text=True, env=env)
     wall = time.perf_counter() - start
     lines = [s for s in result.stdout.splitlines() if s.startswith("BENCH ")]
     if result.returncode or not lines:
@@ -285,21 +321,39 @@ def main() -> None:
         jobs[name] = ["--child", "kspipe", "--", *job_overrides(args), *extra]
     chosen = {JOB_KEYS[key] for key in args.jobs.split(",")} | {JOB_KEYS["bare"]}
     jobs = {name: argv for name, argv in jobs.items() if name in chosen}
-    walls = {name: [] for name in jobs}
+    phases = {name: [] for name in jobs}
     for repeat in range(args.repeats):
         for name, argv in jobs.items():
             with tempfile.TemporaryDirectory() as folder:
                 wall, figures = child(argv, folder)
-            walls[name].append(wall)
-            rate = tasks / figures["train_s"] if "train_s" in figures else figures["tasks_per_s"]
+            figures["whole_s"] = wall
+            if "end_s" not in figures:  # the bare loop: from its evaluation to its exit
+                figures["end_s"] = wall - figures["startup_s"] - figures["train_s"] \
+                    - figures["eval_s"]
+            phases[name].append(figures)
             print(f"[{repeat + 1}] {name}: {wall:.1f} s whole process "
-                  f"({(tasks + args.test_tasks) / wall:.2f} tasks/s, training alone "
-                  f"{rate:.1f} tasks/s), test accuracy {figures['test_accuracy']:.3f} ± "
-                  f"{figures['test_accuracy_ci95']:.3f}, peak {figures['peak_mib']:.0f} MiB, "
-                  f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    reference = min(walls[next(iter(jobs))])
-    for name, times in walls.items():
-        print(f"{name}: best {min(times):.1f} s, {reference / min(times):.2f}x the bare loop")
+                  f"({(tasks + args.test_tasks) / wall:.2f} tasks/s): start-up "
+                  f"{figures['startup_s']:.1f} s, training {figures['train_s']:.1f} s "
+                  f"({tasks / figures['train_s']:.1f} tasks/s), evaluation "
+                  f"{figures['eval_s']:.1f} s, end {figures['end_s']:.1f} s; test accuracy "
+                  f"{figures['test_accuracy']:.3f} ± {figures['test_accuracy_ci95']:.3f}, peak "
+                  f"{figures['peak_mib']:.0f} MiB, load average {os.getloadavg()[0]:.2f}",
+                  flush=True)
+    bare = best(phases[next(iter(jobs))])
+    for name, runs in phases.items():
+        mine = best(runs)
+        print(f"{name}: best of each phase: " + ", ".join(
+            f"{label} {mine[phase]:.1f} s ({bare[phase] / mine[phase]:.2f}x the bare loop)"
+            for phase, label in PHASES.items()))
+
+
+PHASES = {"whole_s": "whole", "startup_s": "start-up", "train_s": "training",
+          "eval_s": "evaluation"}
+
+
+def best(runs: list[dict]) -> dict:
+    """Each phase's shortest time over ``runs``."""
+    return {phase: min(run[phase] for run in runs) for phase in PHASES}
 
 
 if __name__ == "__main__":
