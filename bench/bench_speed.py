@@ -36,6 +36,9 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 import numpy as np  # noqa: E402
 
 EXPERIMENT = "+experiment=omniglot_5way"
+#: When the parent started this child process (``time.time()``); a child started some other
+#: way counts from its own start.
+STARTED = float(os.environ.get("BENCH_STARTED", time.time()))
 KSPIPE_JOBS = {"kspipe, one task at a time": ["train.batch_tasks=false", "eval.batch_tasks=1"],
                "kspipe, tasks side by side": []}
 JOB_KEYS = {"bare": "bare Paddle loop, reference's structure",
@@ -87,7 +90,7 @@ def reference_job(args) -> None:
     def step(x, y):
         exe.run(p.train, feed={"x": x, "y": y.reshape(-1, 1)}, scope=scope)
 
-    startup = time.time() - started()
+    startup = time.time() - STARTED
     train, began = cfg.train, time.perf_counter()
     for i in range(train.meta_iters):
         theta, adapted = export(p.params), []
@@ -131,8 +134,8 @@ def reference_job(args) -> None:
 # --- kspipe -------------------------------------------------------------------------
 
 class Stamped(io.TextIOBase):
-    """A stream that keeps each line written to it with the time it came (kspipe's
-    progress lines, the phases' ends)."""
+    """The standard error that also keeps each line written to it with the time it came
+    (kspipe's progress lines: the phases' ends)."""
 
     def __init__(self):
         self.lines: list[tuple[float, str]] = []
@@ -140,22 +143,24 @@ class Stamped(io.TextIOBase):
     def write(self, text: str) -> int:
         now = time.time()
         self.lines += [(now, line) for line in text.splitlines() if line.strip()]
-        return len(text)
+        return sys.__stderr__.write(text)
 
     def isatty(self) -> bool:
         return False
 
-    def last(self, prefix: str) -> float:
-        return [at for at, line in self.lines if line.startswith(prefix)][-1]
-
-    def first(self, prefix: str) -> float:
-        return [at for at, line in self.lines if line.startswith(prefix)][0]
+    def at(self, prefix: str) -> list[float]:
+        """When each line that begins with ``prefix`` came."""
+        times = [at for at, line in self.lines if line.startswith(prefix)]
+        if not times:
+            raise SystemExit(f"the job printed no line that begins with {prefix!r}")
+        return times
 
 
 def kspipe_job(overrides: list[str]) -> None:
     """``kspipe <overrides>`` in this process, then its figures from the closing line and
     its phases from the times of its progress lines: start-up to the first meta-iteration's
-    line, training to the last one's, evaluation to the last evaluation's, then the end."""
+    line, training to the last one's, evaluation to the last evaluation's (the parent
+    counts the rest, to the process's exit, as its end)."""
     import contextlib
 
     from kspipe import cli
@@ -167,16 +172,10 @@ def kspipe_job(overrides: list[str]) -> None:
     line = [s for s in out.getvalue().splitlines() if s.startswith("kspipe: done")][-1]
     acc, ci = re.search(r"test_accuracy ([\d.]+) ± ([\d.]+)", line).groups()
     rate = float(re.search(r"tasks_per_s ([\d.]+)", line).group(1))
-    first, trained = progress.first("meta-train"), progress.last("meta-train")
-    evaluated = progress.last("evaluate")
+    first, trained = progress.at("meta-train")[0], progress.at("meta-train")[-1]
+    evaluated = progress.at("evaluate")[-1]
     report(test_accuracy=float(acc), test_accuracy_ci95=float(ci), tasks_per_s=rate,
-           startup_s=first - started(), train_s=trained - first, eval_s=evaluated - trained,
-           end_s=time.time() - evaluated)
-
-
-def started() -> float:
-    """When the parent started this child process (``time.time()``)."""
-    return float(os.environ["BENCH_STARTED"])
+           startup_s=first - STARTED, train_s=trained - first, eval_s=evaluated - trained)
 
 
 # --- one inner step -----------------------------------------------------------------
@@ -327,9 +326,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as folder:
                 wall, figures = child(argv, folder)
             figures["whole_s"] = wall
-            if "end_s" not in figures:  # the bare loop: from its evaluation to its exit
-                figures["end_s"] = wall - figures["startup_s"] - figures["train_s"] \
-                    - figures["eval_s"]
+            figures["end_s"] = wall - figures["startup_s"] - figures["train_s"] \
+                - figures["eval_s"]  # from the evaluation's end to the process's exit
             phases[name].append(figures)
             print(f"[{repeat + 1}] {name}: {wall:.1f} s whole process "
                   f"({(tasks + args.test_tasks) / wall:.2f} tasks/s): start-up "

@@ -131,7 +131,8 @@ class Adapter:
         side by side, each from the model's current state, as :meth:`adapt` starts each
         one; the slots (of ``lane``, by default this model's own) then hold the adapted
         copies.  Returns the mean last loss."""
-        run = (lane or self.lane).run
+        lane = lane or self.lane
+        run = lane.run
         batches = [inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
                    for x, _, rng in tasks]
         run(together.spread)
@@ -142,7 +143,7 @@ class Adapter:
             feed = together.stack([x[b[k]] for (x, _, _), b in zip(tasks, batches)],
                                   [y[b[k]] for (_, y, _), b in zip(tasks, batches)])
             fetch = [together.loss] if k == iterations - 1 else []
-            out = run(together.train_program, feed, fetch)
+            out = run(together.train_program(lane.scope), feed, fetch)
             if fetch:
                 loss = float(np.asarray(out[0]).sum()) / len(tasks)
         return loss

@@ -47,10 +47,11 @@ class BatchedPrograms:
     loss: object  # the sum over the slots of each task's mean loss
     logits: object
     decay: object = None  # slot parameters * train.weight_decay, before each step
-    compiled_train: object = None  # set by the compile stage; runs like ``train``
+    compile: object = None  # set by the compile stage: ``train`` -> a CompiledProgram of it
     pairs: list = field(default_factory=list)  # [(model variable, its slot variable)]
     params: tuple = ()  # the model's parameters' names (the rest of pairs is state)
     _gather: object = None
+    _compiled: dict = field(default_factory=dict)  # scope -> the CompiledProgram run in it
 
     @property
     def gather(self):
@@ -64,9 +65,16 @@ class BatchedPrograms:
             self._gather = _program(body, f"tasks{self.tasks}.gather.")
         return self._gather
 
-    @property
-    def train_program(self):
-        return self.compiled_train if self.compiled_train is not None else self.train
+    def train_program(self, scope):
+        """What a step runs in ``scope``: ``train``, or with the compile stage's BuildStrategy
+        options a CompiledProgram of it, one for each scope (Paddle binds a CompiledProgram
+        to the scope it first ran in, and lanes that adapt with these programs at once each
+        have a scope of their own)."""
+        if self.compile is None:
+            return self.train
+        if scope not in self._compiled:
+            self._compiled[scope] = self.compile(self.train)
+        return self._compiled[scope]
 
     def stack(self, images: list, labels: list = None) -> dict:
         """The feed of one step: task t's images [batch, C, H, W] into channel group t."""

@@ -57,7 +57,7 @@ def evaluate(model, together, reporter, evaluations: list) -> list[tuple]:
             if lanes:  # two or more, each on its own thread
                 adapted = groups_on_lanes(model, together, groups, lanes)
             else:
-                adapted = ((group, adapt_here(model, together, group)) for group in groups)
+                adapted = groups_here(model, together, groups)
             with closing(adapted):
                 for group, group_accuracies in adapted:
                     (which, _), _ = group[0]
@@ -78,16 +78,20 @@ def mean_and_half_width(accuracies: np.ndarray) -> tuple[float, float]:
     return float(accuracies.mean()), float(half)
 
 
-def adapt_here(model, together, group: list) -> list:
-    """The query accuracies of ``group`` ((key, task) pairs) adapted on the job's thread:
-    side by side with ``together``, else its one task alone."""
-    if together is not None:
-        return accuracies_together(model, together, [task for _, task in group])
-    (_, (sx, sy, qx, qy, rng)), = group
+def groups_here(model, together, groups):
+    """Adapt ``groups`` (lists of (key, task)) on the job's thread, a stop request checked
+    before each; yields (group, its accuracies) per group: side by side with ``together``,
+    else each group's one task alone."""
     cfg = model.cfg.eval
-    model.run(model.p.restore_snapshot)
-    model.adapt(sx, sy, cfg.inner_batch, cfg.inner_iters, rng)
-    return [float(np.mean(model.classify(sx, qx) == qy))]
+    for group in groups:
+        stopping.check()
+        if together is not None:
+            yield group, accuracies_together(model, together, [task for _, task in group])
+            continue
+        _, (sx, sy, qx, qy, rng) = group[0]
+        model.run(model.p.restore_snapshot)
+        model.adapt(sx, sy, cfg.inner_batch, cfg.inner_iters, rng)
+        yield group, [float(np.mean(model.classify(sx, qx) == qy))]
 
 
 def groups_on_lanes(model, together, groups, lanes: list):
@@ -110,10 +114,10 @@ def groups_on_lanes(model, together, groups, lanes: list):
             lane = free.get()
             pending.append((group, lane.submit(adapt, group)))
             while pending and (pending[0][1].done() or len(pending) >= len(lanes)):
-                done, future = pending.pop(0)
-                yield done, future.result()
-        for done, future in pending:
-            yield done, future.result()
+                finished, future = pending.pop(0)
+                yield finished, future.result()
+        for finished, future in pending:
+            yield finished, future.result()
     finally:
         for _, future in pending:
             future.cancel()

@@ -90,7 +90,8 @@ class ReptileLearner(Adapter):
             feed = together.stack(
                 [np.zeros((batch, channels, height, width), np.float32)] * together.tasks,
                 [np.zeros((batch, 1), np.int64)] * together.tasks)
-            self._warming.append(lane.submit(Lane.run, together.train_program, feed))
+            self._warming.append(lane.submit(Lane.run, together.train_program(lane.scope),
+                                             feed))
 
     def gathering(self, lanes: list) -> tuple:
         """Each of ``lanes``' gather of its share (:func:`~kspipe.reptile.batched.lane_gather`)

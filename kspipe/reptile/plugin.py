@@ -93,7 +93,7 @@ def kspipe_compile_program(cfg, role, programs):
         if cfg.compile.onednn_conv and on_cpu:
             use_onednn(together.train, together.forward)
             use_onednn_relu(together.train, together.forward)
-        together.compiled_train = compile_with(together.train, options) if options else None
+        together.compile = functools.partial(compile_with, options=options) if options else None
         return together
 
     for together in programs.batched.values():

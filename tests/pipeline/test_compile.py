@@ -81,6 +81,19 @@ def test_build_strategy_options_compile_the_training_program():
     assert np.isfinite(losses).all()
 
 
+def test_build_strategy_options_hold_on_lanes_that_share_programs(tiny_cfg):
+    """Paddle binds a CompiledProgram to the scope it first ran in: two training lanes of
+    two tasks each, and two evaluation lanes, each run a compiled program of their own."""
+    from kspipe.pipeline import run
+    from kspipe.testing import plugin_manager
+
+    cfg = tiny_cfg("+compile.build_strategy.fuse_elewise_add_act_ops=true",
+                   "train.meta_batch=4", "train.threads=2", "eval.threads=2",
+                   "eval.batch_tasks=2", "eval.tasks=4", "eval.interval=0")
+    metrics = run(cfg, plugin_manager())
+    assert 0 <= metrics["test_accuracy"] <= 1 and np.isfinite(metrics["tasks_per_s"])
+
+
 def test_unknown_build_strategy_option_is_named():
     with pytest.raises(ConfigError, match="compile.build_strategy.use_hierarchical_allreduce2"):
         train_steps(onednn=False, build_strategy={"use_hierarchical_allreduce2": True})
