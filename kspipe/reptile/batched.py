@@ -291,8 +291,6 @@ def lane_gather(together: BatchedPrograms, lane: int):
     sets, the sum of ``together``'s slots (parameters and tiled state) or their common
     value, into :func:`lane_name` variables, which the model's scope holds (a lane's child
     scope reads and writes them there)."""
-    import paddle
-
     tasks = together.tasks
 
     def body(get):

@@ -15,7 +15,6 @@ from kspipe import checkpoint
 from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
-from kspipe.reptile.evaluation import Evaluation
 from kspipe.reptile.batched import (combine_lanes, lane_gather, lane_shares, tasks_together,
                                      train_lanes)
 from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
@@ -117,10 +116,12 @@ class ReptileLearner(Adapter):
     def evaluate(self, classes: list, num_tasks: int, stream: int, label: str) -> tuple:
         """Mean query accuracy over ``num_tasks`` fresh tasks of ``classes``, and its 95%
         half-width, changing nothing (:func:`kspipe.reptile.evaluation.evaluate`)."""
-        return self.evaluate_all([Evaluation(classes, num_tasks, stream, label)])[0]
+        return self.evaluate_all([evaluation.Evaluation(classes, num_tasks, stream,
+                                                        label)])[0]
 
     def evaluate_all(self, evaluations: list) -> list[tuple]:
-        """:meth:`evaluate` for each of ``evaluations`` (:class:`Evaluation`), at once."""
+        """:meth:`evaluate` for each of ``evaluations``
+        (:class:`~kspipe.reptile.evaluation.Evaluation`), at once."""
         return evaluation.evaluate(self, self.eval_together, self.reporter, evaluations)
 
     # --- meta-training ------------------------------------------------------------
