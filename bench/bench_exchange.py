@@ -33,8 +33,8 @@ STEPS_JOB = Path(__file__).with_name("exchange_steps.py")
 
 
 def exchange_steps(folder: Path, params: int, steps: int) -> dict:
-    from kspipe.modes.launch import Cluster
-    from kspipe.modes.plan import launch_plan
+    from kspipe.launchers.watcher import Cluster
+    from kspipe.cluster.plan import launch_plan
 
     out = {}
     for strategy in ("async", "sync", "geo"):
@@ -73,7 +73,7 @@ def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
         for name, overrides in jobs.items():
             run = folder / f"{name.replace(' ', '-')}-{repeat}"
             result = subprocess.run(
-                [sys.executable, "-m", "kspipe.cli", "+experiment=blobs", *overrides,
+                [sys.executable, "-m", "kspipe.cli.command", "+experiment=blobs", *overrides,
                  "classifier.batch_size=64", "classifier.train_points=16384",
                  f"classifier.epochs={epochs}", "tracking.enabled=false", f"run_dir={run}"],
                 cwd=folder, env=env, capture_output=True, text=True)

@@ -4,7 +4,7 @@
 
 Each job is the test suite's tiny Reptile run (kspipe.testing's tiny Omniglot set and
 overrides: 4 meta-iterations, a few test tasks, tracked in a new MLflow store), started as
-a user starts it (``python -m kspipe.cli ...``): ``mode=local``, ``mode=pserver workers=2
+a user starts it (``python -m kspipe.cli.command ...``): ``mode=local``, ``mode=pserver workers=2
 servers=1`` and ``mode=collective workers=2``.  For each: the seconds from the command to
 its ``kspipe: done`` line and to its exit (median and range over the repeats).
 """
@@ -31,7 +31,7 @@ def one_job(data: Path, overrides: list[str]) -> tuple[float, float]:
     from kspipe.testing import tiny_overrides
 
     with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "kspipe.cli", "+experiment=omniglot_5way",
+        command = [sys.executable, "-m", "kspipe.cli.command", "+experiment=omniglot_5way",
                    *tiny_overrides(Path(folder), data), *overrides]
         started, done = time.perf_counter(), None
         job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -26,7 +26,7 @@ SMALL = ["datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
 
 def run(folder: Path, name: str, *overrides) -> float:
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", "+experiment=ctr_datafeed", "mode=pserver",
+        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", "mode=pserver",
          f"datafeed.generated.cache_dir={folder / 'cache'}", *SMALL, f"run_dir={folder / name}",
          *overrides], cwd=folder, capture_output=True, text=True)
     if result.returncode:

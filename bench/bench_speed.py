@@ -163,7 +163,7 @@ def kspipe_job(overrides: list[str]) -> None:
     counts the rest, to the process's exit, as its end)."""
     import contextlib
 
-    from kspipe import cli
+    from kspipe.cli import command as cli
 
     sys.argv = ["kspipe", *overrides]
     out, progress = io.StringIO(), Stamped()

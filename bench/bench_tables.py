@@ -50,7 +50,7 @@ def write_files(folder: Path, ids: int, files: int = 4) -> None:
 
 def kspipe(folder: Path, *overrides) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", "+experiment=ctr_datafeed", "mode=pserver",
+        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", "mode=pserver",
          "workers=2", f"datafeed.desc={folder / 'desc.prototxt'}",
          f"datafeed.train_files={folder / 'train'}", f"datafeed.test_files={folder / 'test'}",
          "ctr.epochs=1", "tracking.enabled=false", "cluster.timeout_s=1800", *overrides],

@@ -10,7 +10,7 @@ from kspipe import stopping
 def main() -> None:
     stopping.handle_stop_signals()
     try:
-        from kspipe.cli import main as command
+        from kspipe.cli.command import main as command
     except KeyboardInterrupt as stop:
         stopping.exit_stopped(stop, " before the job began")
     command()

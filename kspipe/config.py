@@ -146,7 +146,7 @@ def validate(cfg) -> None:
     them: here, in every mode, each must be a whole count of at least 1 or a ``host:port``
     list.
     """
-    from kspipe.endpoints import parse_endpoints
+    from kspipe.cluster.endpoints import parse_endpoints
 
     for key in ("workers", "servers"):
         parse_endpoints(cfg.get(key), key)

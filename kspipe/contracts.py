@@ -20,7 +20,7 @@ class Role(Protocol):
     """A process's place in a job and its mode's distribution (see :mod:`kspipe.modes.role`)."""
 
     mode: str
-    is_launcher: bool
+    is_cluster_job: bool
 
     def is_worker(self) -> bool: ...
     def is_server(self) -> bool: ...
@@ -45,30 +45,30 @@ class Role(Protocol):
 
 
 @runtime_checkable
-class Launcher(Protocol):
+class ClusterJob(Protocol):
     """A role stage's result that starts the job's processes instead of playing a part.
 
-    ``is_launcher`` is true; the pipeline calls ``launch`` and records its result.  A
-    launcher starts each process with ``python -m kspipe.worker <run_dir>/job.yaml`` (or
-    its own command) and the environment its roles read; it must stop every process when
-    one fails and raise :class:`kspipe.errors.ClusterError` naming it (see
-    :mod:`kspipe.modes.launch`).
+    ``is_cluster_job`` is true; the pipeline calls ``launch`` and records its result.  It
+    plans the job's processes and has the process launcher (``cluster.launcher``) start
+    each with ``python -m kspipe.cli.worker <run_dir>/job.yaml`` and the environment its
+    roles read; every process is stopped when one fails, and a
+    :class:`kspipe.errors.ClusterError` names it (:mod:`kspipe.modes.job`).
     """
 
-    is_launcher: bool
+    is_cluster_job: bool
 
     def launch(self, reporter: "Reporter") -> dict: ...
     def refuses(self, needs: frozenset, cfg: Config) -> str | None: ...
 
     def is_first_worker(self) -> bool:
-        """Whether this launcher's host runs worker 0 (its launcher records the run; in a
-        job across hosts the others' ``launch`` returns ``{}``)."""
+        """Whether this host runs worker 0 (its command records the run; in a job across
+        hosts the others' ``launch`` returns ``{}``)."""
 
 
 class ProcessLauncher(Protocol):
     """``cluster.launcher``: places the processes a mode planned and says how each is
     started (kspipe starts, watches and stops them); base class and the decisions in order:
-    :class:`kspipe.modes.launchers.ProcessLauncher`."""
+    :class:`kspipe.launchers.processes.ProcessLauncher`."""
 
     name: str
 
@@ -119,7 +119,7 @@ class Workload:
     :param needs: what it needs of a mode (keys of :data:`NEEDS`); a mode that
         cannot give one refuses the job before any process starts.
     :param serving: ``module:Class`` of the predictor that serves its exported model as an
-        MLflow model (:mod:`kspipe.observers.serving` says what it must offer); empty: the
+        MLflow model (:mod:`kspipe.observers.mlflow.serving` says what it must offer); empty: the
         run logs its ``inference_model/`` folder but no MLflow model.
     :param starts_from: whether it honours ``init_from=`` (its execute stage calls
         :func:`kspipe.incremental.start_from`); if not, a run given one is refused.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pluggy
 
 from kspipe import NAME
-from kspipe.contracts import Config, Launcher, ProcessLauncher, Reporter, Role, Workload
+from kspipe.contracts import ClusterJob, Config, ProcessLauncher, Reporter, Role, Workload
 
 hookspec = pluggy.HookspecMarker(NAME)
 
@@ -56,7 +56,7 @@ def kspipe_config_schemas() -> dict[str, type]:
 @hookspec
 def kspipe_process_launchers() -> list[ProcessLauncher]:
     """Return the process launchers this plugin adds, each chosen by its ``name`` with
-    ``cluster.launcher=<name>`` (base class :class:`kspipe.modes.launchers.ProcessLauncher`:
+    ``cluster.launcher=<name>`` (base class :class:`kspipe.launchers.processes.ProcessLauncher`:
     where a job's planned processes go and how each is started).
 
     Called on every plugin; kspipe's own are ``processes``, ``slurm`` and ``paddlejob``.
@@ -80,18 +80,18 @@ def kspipe_describe_workload(cfg: Config) -> Workload:
 
 
 @hookspec(firstresult=True)
-def kspipe_assign_role(cfg: Config, launcher: ProcessLauncher) -> Role | Launcher:
+def kspipe_assign_role(cfg: Config, launcher: ProcessLauncher) -> Role | ClusterJob:
     """Decide this process's role in the job (stage ``role``).
 
     Stops at the first non-None result.
 
     :param cfg: the composed config.
     :param launcher: the process launcher ``cluster.launcher`` names, for a
-        :class:`kspipe.contracts.Launcher` to place and start the job's processes with.
+        :class:`kspipe.contracts.ClusterJob` to place and start the job's processes with.
     :return: a :class:`kspipe.contracts.Role` (the seed's RoleMaker API and the mode's
         distribution: ``distributed_optimizer``, ``parameter_sync``, ``init_worker`` ...;
         base class :class:`kspipe.modes.role.Role`).  Or a
-        :class:`kspipe.contracts.Launcher`, which starts the job's processes itself; the
+        :class:`kspipe.contracts.ClusterJob`, which starts the job's processes itself; the
         pipeline then reports the launcher's result.
     """
 
@@ -200,7 +200,7 @@ def kspipe_check_config(cfg: Config) -> None:
 
 
 @hookspec
-def kspipe_run_start(cfg: Config, role: Role | Launcher, run_dir: str,
+def kspipe_run_start(cfg: Config, role: Role | ClusterJob, run_dir: str,
                      workload: Workload) -> None:
     """A run starts, after the config was validated and the role assigned.
 

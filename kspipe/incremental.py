@@ -93,7 +93,7 @@ def state_prefix(path: str, key: str = "init_from") -> str:
 def read_saved(path: str, key: str = "init_from") -> SavedModel:
     """The model saved at ``path``: a ``save_persistables`` folder, a checkpoint, or a run
     folder (its newest checkpoint)."""
-    from kspipe.modes.tables import read_table_rows
+    from kspipe.modes.ps.tables import read_table_rows
 
     label = f"{key}={path}"
     prefix = state_prefix(path, key)

@@ -26,20 +26,9 @@ import os
 import re
 import time
 
+from kspipe.cluster import environment
+
 RESOLVER = "kspipe_run_dir"
-
-
-def role_from_environment(mode: str | None, env=os.environ) -> bool:
-    """Whether this process was given its role in a ``mode`` job by its environment
-    (Paddle's contract): ``TRAINING_ROLE`` for a parameter-server job; for a collective one
-    ``PADDLE_TRAINER_ID`` with ``PADDLE_TRAINER_ENDPOINTS`` (a collective PaddleJob's pods
-    have a ``TRAINING_ROLE=TRAINER`` as well)."""
-    if mode == "pserver":
-        return bool(env.get("TRAINING_ROLE"))
-    if mode == "collective":
-        return (env.get("PADDLE_TRAINER_ID") is not None
-                and bool(env.get("PADDLE_TRAINER_ENDPOINTS")))
-    return False
 
 
 def job_id(given: str | None = None, env=os.environ, overrides: str = "") -> str:
@@ -71,7 +60,7 @@ def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
     by the time."""
     if run_dir:
         return os.path.expanduser(str(run_dir))
-    if role_from_environment(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
+    if environment.given(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env, overrides))
         return os.path.join("outputs", f"job-{name}")
     return new_folder(os.path.join("outputs", time.strftime("%Y-%m-%d"),
@@ -122,44 +111,3 @@ def register_resolver() -> None:
 
     if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read
         OmegaConf.register_new_resolver(RESOLVER, run_folder, use_cache=True)
-
-
-#: The variables of Paddle's contract that a role started from the environment reads.
-NEEDED = {
-    "PSERVER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT"),
-    "TRAINER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
-                "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID"),
-    "collective": ("PADDLE_TRAINER_ENDPOINTS", "PADDLE_TRAINER_ID"),
-}
-#: How a parameter-server job's processes meet (fleet's gloo): where, by rendezvous kind.
-GLOO_MEETING = {"2": "PADDLE_GLOO_FS_PATH", "3": "PADDLE_GLOO_HTTP_ENDPOINT"}
-
-
-def check_environment(kind: str, env=os.environ) -> None:
-    """Refuse, in one line naming it, an environment that lacks what this process's role
-    needs (a :class:`~kspipe.errors.ConfigError`, before anything starts)."""
-    from kspipe.errors import ConfigError
-
-    role = env.get("TRAINING_ROLE") if kind == "pserver" else "collective"
-    if role not in NEEDED:
-        raise ConfigError(f"TRAINING_ROLE={role}: a parameter-server job's process is "
-                          f"PSERVER or TRAINER")
-    where = "the environment (Paddle's launcher, a PaddleJob or kspipe's own sets it)"
-    missing = [name for name in NEEDED[role] if not env.get(name)]
-    if kind == "pserver":
-        meeting = GLOO_MEETING.get(env.get("PADDLE_GLOO_RENDEZVOUS", ""))
-        if env.get("PADDLE_WITH_GLOO", "0") == "0" or not meeting:
-            raise ConfigError(f"a parameter-server job's processes meet through fleet's gloo: "
-                              f"set PADDLE_WITH_GLOO=1 and PADDLE_GLOO_RENDEZVOUS=3 with "
-                              f"PADDLE_GLOO_HTTP_ENDPOINT (or 2 with PADDLE_GLOO_FS_PATH) in "
-                              f"{where}; a PaddleJob sets them with withGloo: 1")
-        missing += [meeting] if not env.get(meeting) else []
-    if missing:
-        raise ConfigError(f"{role if kind == 'pserver' else 'a collective worker'}: "
-                          f"{', '.join(missing)} not set in {where}")
-    trainers = env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
-    if "PADDLE_TRAINER_ID" in NEEDED[role]:
-        index = env["PADDLE_TRAINER_ID"]
-        if not index.isdigit() or int(index) >= len(trainers):
-            raise ConfigError(f"PADDLE_TRAINER_ID={index} is not one of the "
-                              f"{len(trainers)} workers of PADDLE_TRAINER_ENDPOINTS")

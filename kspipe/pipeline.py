@@ -51,7 +51,7 @@ def run(cfg, pm=None, workload=None) -> dict:
 
     pm.hook.kspipe_run_start(cfg=cfg, role=role, run_dir=run_dir, workload=workload)
     try:
-        if role.is_launcher:  # it starts the job's processes, which run the stages
+        if role.is_cluster_job:  # it starts the job's processes, which run the stages
             metrics = role.launch(reporter)
         else:
             metrics = run_stages(cfg, stages, role, reporter)

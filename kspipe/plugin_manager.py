@@ -29,18 +29,20 @@ def builtin_plugins():
     from kspipe.ctr import plugin as ctr
     from kspipe.datafeed import plugin as datafeed
     from kspipe.fewshot import plugin as open_ks
-    from kspipe.modes import collective, fleetrun, kubernetes, launchers, local, pserver, slurm
-    from kspipe.observers import progress, tracking
+    from kspipe.launchers import kubernetes, paddle, processes, slurm
+    from kspipe.modes import collective, local, pserver
+    from kspipe.observers import progress
+    from kspipe.observers.mlflow import tracking
     from kspipe.reptile import plugin as reptile
 
     return [
         ("local", local),
         ("pserver", pserver),
         ("collective", collective),
-        ("processes", launchers),
+        ("processes", processes),
         ("slurm", slurm),
         ("paddlejob", kubernetes),
-        ("paddle", fleetrun),
+        ("paddle", paddle),
         ("open_ks", open_ks),
         ("reptile", reptile),
         ("datafeed", datafeed),

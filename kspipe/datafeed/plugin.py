@@ -55,7 +55,7 @@ def kspipe_check_config(cfg):
                           "datafeed.test_files), or neither for the generated data set")
     check_integer(d.threads, "datafeed.threads", 1)
     if d.train_files is not None and cfg.mode != "local":  # before a cluster is started
-        from kspipe.endpoints import process_count
+        from kspipe.cluster.endpoints import process_count
 
         check_files_per_worker(len(resolve_files(d.train_files, "datafeed.train_files")),
                                process_count(cfg.workers, "workers"))

@@ -5,11 +5,11 @@ A mode is a plugin serving the ``role`` stage (``stages.role: ${mode}``).  Its r
 
 =============  ==========================================================================
 ``local``      :mod:`kspipe.modes.local`: one process (or, isolated, one child process)
-``pserver``    :mod:`kspipe.modes.pserver` + :mod:`kspipe.modes.exchange`: parameter
+``pserver``    :mod:`kspipe.modes.pserver` + :mod:`kspipe.modes.ps.exchange`: parameter
                servers; the strategies' exchange; fleet's tables for dataset training
 ``collective`` :mod:`kspipe.modes.collective`: all-reduce ops in the programs, gloo on
                CPU, NCCL on GPU
 =============  ==========================================================================
 
-:mod:`kspipe.modes.launch` starts and watches every launcher's processes.
+:mod:`kspipe.launchers.watcher` starts and watches every launcher's processes.
 """

@@ -16,7 +16,7 @@ ring 0), as Paddle's RawProgramOptimizer writes them:
 * at ``init_worker`` worker 0's parameters reach every worker (an all-reduce of them
   and zeros), so all start from the same model.
 
-On CPU the ops' kernels run over gloo (:func:`kspipe.modes.meeting.gloo_context`, worker 0
+On CPU the ops' kernels run over gloo (:func:`kspipe.cluster.meeting.gloo_context`, worker 0
 serves the meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` +
 ``c_comm_init`` set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot be used on CPU:
 it fails setting up the communicator, ``c_gen_nccl_id`` / comm_id.)
@@ -29,22 +29,21 @@ import os
 import numpy as np
 
 from kspipe import hookimpl
+from kspipe.cluster import environment
 from kspipe.errors import ConfigError
-from kspipe.job import check_environment, role_from_environment
-from kspipe.modes.hosts import job_hosts
-from kspipe.endpoints import process_count
-from kspipe.modes.launch import Launcher
-from kspipe.modes.plan import GLOO_ENDPOINT_ENV
+from kspipe.launchers.hosts import job_hosts
+from kspipe.cluster.endpoints import process_count
+from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 
 
 @hookimpl
 def kspipe_assign_role(cfg, launcher):
     devices = gpu_devices(cfg)
-    if role_from_environment("collective"):
-        check_environment("collective")
+    if environment.given("collective"):
+        environment.check("collective")
         return CollectiveRole()
-    return CollectiveLauncher(cfg, devices, launcher)
+    return CollectiveJob(cfg, devices, launcher)
 
 
 def gpu_devices(cfg) -> list[int]:
@@ -96,11 +95,9 @@ class CollectiveRole(Role):
         import paddle
 
         paddle.enable_static()
-        env = os.environ
-        self.rank = int(env["PADDLE_TRAINER_ID"])
-        self.endpoints = env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
-        self.nranks = int(env.get("PADDLE_TRAINERS_NUM", len(self.endpoints)))
-        selected = env.get("FLAGS_selected_gpus")
+        place = environment.collective_place()
+        self.rank, self.endpoints, self.nranks = place.rank, place.endpoints, place.nranks
+        selected = place.device
         self.device = int(selected) if selected and paddle.is_compiled_with_cuda() else None
         self._nccl_ready = False
         # the collective ops go into the programs with two workers or more, and on a GPU
@@ -108,10 +105,10 @@ class CollectiveRole(Role):
         self.reduces = self.nranks > 1 or self.device is not None
         self.gloo = self.book = None  # the workers' gloo world; worker 0: its meeting point
         if self.nranks > 1:
-            from kspipe.modes.meeting import gloo_context
+            from kspipe.cluster.meeting import gloo_context
 
             self.gloo, self.book = gloo_context(self.rank, self.nranks,
-                                                gloo_endpoint_of(self.endpoints))
+                                                place.meeting)
 
     # who am I
     def worker_num(self):
@@ -202,14 +199,6 @@ class CollectiveRole(Role):
                                "endpoints": ",".join(self.endpoints)})
         paddle.static.Executor(self.place()).run(program, scope=paddle.static.Scope())
         self._nccl_ready = True
-
-
-def gloo_endpoint_of(endpoints: list[str]) -> str:
-    """Where the workers meet to set up gloo: the launcher's choice, else beside worker 0."""
-    if os.environ.get(GLOO_ENDPOINT_ENV):
-        return os.environ[GLOO_ENDPOINT_ENV]
-    host, _, port = endpoints[0].rpartition(":")
-    return f"{host}:{int(port) + 1}"
 
 
 def reduce_program(variables: dict, op: str = "c_allreduce_sum", scale: float | None = None,
@@ -307,7 +296,7 @@ class GradientAllReduce:
         return self.apply_gradients(params_grads), params_grads
 
 
-class CollectiveLauncher(Launcher):
+class CollectiveJob(ClusterJob):
     """Starts this host's workers of a collective job and watches them."""
 
     mode = "collective"

@@ -28,9 +28,9 @@ class ClusterConfig:
     # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
     job_id: Optional[str] = None
     # who starts the processes: processes (this launcher, itself) | slurm (srun job steps,
-    # inside an allocation: kspipe/modes/slurm.py) | paddlejob (a Kubernetes PaddleJob
-    # manifest to apply: kspipe/modes/kubernetes.py) | paddle (python -m
-    # paddle.distributed.launch starts them: kspipe/modes/fleetrun.py) | a plugin's
+    # inside an allocation: kspipe/launchers/slurm.py) | paddlejob (a Kubernetes PaddleJob
+    # manifest to apply: kspipe/launchers/kubernetes.py) | paddle (python -m
+    # paddle.distributed.launch starts them: kspipe/launchers/paddle.py) | a plugin's
     launcher: str = "processes"
     slurm_args: List[str] = field(default_factory=list)  # sbatch options, when kspipe submits
     image: Optional[str] = None  # launcher=paddlejob: the pods' container image

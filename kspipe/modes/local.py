@@ -10,26 +10,27 @@ from __future__ import annotations
 import os
 
 from kspipe import hookimpl
+from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ClusterError, KspipeError
-from kspipe.endpoints import process_count
-from kspipe.modes.launch import Launcher, error_line, run_cluster
-from kspipe.modes.plan import launch_plan
+from kspipe.launchers.watcher import error_line
+from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import Role
 from kspipe.reporting import say
 
 
 @hookimpl
-def kspipe_assign_role(cfg):
+def kspipe_assign_role(cfg, launcher):
     if process_count(cfg.workers, "workers") != 1:
         say(f"workers={cfg.workers} is ignored: mode=local runs one process (mode=pserver "
             f"or mode=collective runs several)")
     if cfg.get("isolate"):
-        return IsolatedLauncher(cfg)
+        return IsolatedJob(cfg, launcher=launcher)
     return Role()
 
 
-class IsolatedLauncher(Launcher):
-    """Runs the local job in one child process (``python -m kspipe.worker``)."""
+class IsolatedJob(ClusterJob):
+    """Runs the local job in one child process (``python -m kspipe.cli.worker``), started
+    and watched by the process launcher ``cluster.launcher`` names, as a cluster's are."""
 
     def launch(self, reporter) -> dict:
         from omegaconf import OmegaConf, open_dict
@@ -38,9 +39,10 @@ class IsolatedLauncher(Launcher):
         with open_dict(child):
             child.isolate = False
             child.workers = 1  # the launcher said it ignores the count
+        self.launcher.check(child, 1)
         try:
-            return run_cluster(child, reporter, launch_plan("local", 1),
-                               "the job in a process of its own")
+            return self.launcher.run(child, reporter, self.launcher.plan("local", child, 1),
+                                     "the job in a process of its own")
         except ClusterError as err:
             message = error_line(os.path.join(reporter.run_dir, "logs", "worker.0.log"))
             if message:  # the job's own one-line error, as a run in this process gives it

@@ -1,12 +1,12 @@
 """Mode ``pserver``: parameter servers (Paddle fleet's the_one_ps, brpc) for any workload.
 
 Started without ``TRAINING_ROLE`` in the environment, the role stage is a launcher: it
-starts ``servers`` server and ``workers`` worker processes (``python -m kspipe.worker``,
+starts ``servers`` server and ``workers`` worker processes (``python -m kspipe.cli.worker``,
 each playing its role) and watches them.  In a server or worker process the role is a
 :class:`PserverRole`, which distributes the workload's training:
 
 * ``distributed_optimizer(opt)``: the optimiser steps on the worker, then the strategy's
-  exchange (:mod:`kspipe.modes.exchange`) sends the change to the servers and takes the
+  exchange (:mod:`kspipe.modes.ps.exchange`) sends the change to the servers and takes the
   servers' parameters back; for a workload that trains with ``train_from_dataset`` it is
   fleet's own async transpiling instead (the device worker pulls and pushes every batch,
   embedding lookups go to the servers' sparse tables);
@@ -22,15 +22,15 @@ from __future__ import annotations
 import os
 
 from kspipe import checkpoint, hookimpl
-from kspipe.endpoints import process_count
+from kspipe.cluster import environment
+from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
-from kspipe.job import check_environment, role_from_environment
-from kspipe.modes.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
-from kspipe.modes.hosts import job_hosts
-from kspipe.modes.launch import Launcher
+from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
+from kspipe.launchers.hosts import job_hosts
+from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
-from kspipe.modes.tables import FleetTables, check_manifest
+from kspipe.modes.ps.tables import FleetTables, check_manifest
 
 
 @hookimpl
@@ -41,11 +41,11 @@ def kspipe_check_config(cfg):
 
 @hookimpl
 def kspipe_assign_role(cfg, launcher):
-    if role_from_environment("pserver"):
-        check_environment("pserver")
+    if environment.given("pserver"):
+        environment.check("pserver")
         return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
                                 wait_push=cfg.cluster.wait_push), resumed_tables(cfg))
-    return PserverLauncher(cfg, launcher)
+    return PserverJob(cfg, launcher)
 
 
 def resumed_tables(cfg) -> str | None:
@@ -77,7 +77,7 @@ class PserverRole(Role):
         import paddle
         import paddle.distributed.fleet as fleet
 
-        from kspipe.modes.meeting import MeetingRoleMaker
+        from kspipe.cluster.meeting import MeetingRoleMaker
 
         paddle.enable_static()
         self.fleet = fleet
@@ -159,7 +159,7 @@ class PserverRole(Role):
         self.fleet.run_server()
 
 
-class PserverLauncher(Launcher):
+class PserverJob(ClusterJob):
     """Starts this host's servers and workers of the job and watches them."""
 
     mode = "pserver"

@@ -38,7 +38,7 @@ class Role:
     """
 
     mode = "local"
-    is_launcher = False
+    is_cluster_job = False
 
     def __init__(self):
         self._syncs: list = []

@@ -4,7 +4,7 @@ A hyperparameter search (``hydra/sweeper=optuna``) is such a sweep: each trial i
 whose value is its workload's headline metric, and the parent names the best trial.
 
 :class:`SweepCallback` (``hydra.callbacks.sweep`` in the config) has
-:mod:`kspipe.observers.sweep_runs` create the parent run when the sweep starts; every
+:mod:`kspipe.observers.mlflow.sweep_runs` create the parent run when the sweep starts; every
 job's run becomes its child.  A job that fails is reported on one line and recorded (its
 child run FAILED); the others still run.  At the end the parent gets ``comparison.csv``
 and ``comparison.png``: per job, the metrics its workload declares
@@ -29,9 +29,9 @@ from hydra.experimental.callback import Callback
 
 from kspipe.contracts import Workload
 from kspipe.errors import print_error
-from kspipe.observers import sweep_runs
+from kspipe.observers.mlflow import sweep_runs
 from kspipe.observers.plots import plot_comparison
-from kspipe.observers.tags import workload_tags
+from kspipe.observers.mlflow.tags import workload_tags
 
 
 def parse_overrides(overrides) -> list | None:

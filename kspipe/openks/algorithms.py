@@ -3,7 +3,7 @@
 Incremental training on parameter servers: a script saves with ``save_persistables(exe,
 dir)``; the servers of a later job call ``init_server(dir)``.  The servers' tables get
 their first values from worker 0 at ``init_worker`` (kspipe's exchange,
-:mod:`kspipe.modes.exchange`), so server 0 reads the saved model and hands it to every
+:mod:`kspipe.modes.ps.exchange`), so server 0 reads the saved model and hands it to every
 worker (:func:`hand_over`, over the gloo world the servers and workers share), and the
 workers start from it, whatever the strategy: worker 0's values, now the saved ones,
 become the servers'.  ``kspipe-launch`` sets the environment this needs
@@ -76,7 +76,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
 
 #: What a :class:`PaddleCloudRoleMaker` asks of the mode's role it made; the seed's own
 #: additions (:class:`RoleMakerBase`) it answers itself, from those.
-_ROLE_METHODS = {n for n in dir(Role) if not n.startswith("_")} - {"is_launcher", "mode"}
+_ROLE_METHODS = {n for n in dir(Role) if not n.startswith("_")} - {"is_cluster_job", "mode"}
 
 
 class KSDistributedFactory:
@@ -324,7 +324,7 @@ def numpy_dtype(dtype) -> str:
 def wait_for_servers(endpoints, timeout_s: float = 600.0) -> None:
     """Return once every server accepts connections (fleet's launch barrier, without its
     3-second naps)."""
-    from kspipe.endpoints import wait_for_listener
+    from kspipe.cluster.endpoints import wait_for_listener
 
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")

@@ -20,8 +20,8 @@ import sys
 import time
 
 from kspipe.errors import KspipeError, check_integer, print_error
-from kspipe.modes.launch import Cluster
-from kspipe.modes.plan import launch_plan
+from kspipe.launchers.watcher import Cluster
+from kspipe.cluster.plan import launch_plan
 from kspipe.openks.algorithms import HAND_OVER_ENV
 
 

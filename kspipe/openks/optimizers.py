@@ -2,7 +2,7 @@
 
 A script's optimiser is wrapped by its role's ``distributed_optimizer``: parameter servers
 (:class:`GeneralDistributedOptimizer`: the optimiser steps on the worker, then the
-strategy's exchange, :mod:`kspipe.modes.exchange`) or collective
+strategy's exchange, :mod:`kspipe.modes.ps.exchange`) or collective
 (:class:`HeterogeneousDistributedOptimizer`: gradients all-reduced in the program, or
 with ``local_sgd`` the parameters averaged every ``k_steps`` steps).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kspipe.errors import ConfigError
-from kspipe.modes.exchange import check_strategy
+from kspipe.modes.ps.exchange import check_strategy
 
 # --- strategies ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def run_kspipe(*args: str, cwd, env: dict | None = None, timeout: float = 600):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "kspipe.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "kspipe.cli.command", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -85,9 +85,9 @@ def stopped_when(process, ready, timeout: float, signum: int = signal.SIGINT) ->
 
 def job_processes(run_dir) -> list[int]:
     """The processes of the job whose run folder is ``run_dir`` that are still running
-    (every role kspipe's launchers start runs ``kspipe.worker <run_dir>``)."""
+    (every role kspipe's launchers start runs ``kspipe.cli.worker <run_dir>``)."""
     import subprocess
 
-    out = subprocess.run(["pgrep", "-f", f"kspipe.worker {run_dir}"], capture_output=True,
+    out = subprocess.run(["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True,
                          text=True).stdout.split()
     return [int(pid) for pid in out if int(pid) != os.getpid()]

@@ -22,7 +22,7 @@ class Server:
     ``cwd``: ``ready()`` waits until it answers ``health``, ``stop()`` ends it."""
 
     def __init__(self, args: list[str], health: str, cwd: Path, env: dict | None = None):
-        from kspipe.endpoints import free_ports
+        from kspipe.cluster.endpoints import free_ports
 
         (port,) = free_ports(1)
         self.url, self.health = f"http://127.0.0.1:{port}", health

@@ -66,7 +66,7 @@ def local_slurm(folder: Path, nodes: int = 1):
     import subprocess
     import time
 
-    from kspipe.endpoints import free_ports
+    from kspipe.cluster.endpoints import free_ports
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "state").mkdir(exist_ok=True)

@@ -61,7 +61,7 @@ def test_bad_data(tmp_path, data_copy, damage, args, fragments):
 
 
 def test_hydra_is_given_the_command_line_for_its_call_only(monkeypatch, capsys):
-    from kspipe.cli import run_hydra
+    from kspipe.cli.command import run_hydra
     from kspipe.schema import register_schemas
 
     register_schemas(None)
@@ -76,7 +76,7 @@ def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
     """submitit pickles the task into each Slurm job: its plugin manager stays here."""
     import cloudpickle
 
-    from kspipe.cli import Jobs
+    from kspipe.cli.command import Jobs
 
     task = cloudpickle.loads(cloudpickle.dumps(Jobs(object(), ["workers"]).run))
     assert task.__self__.pm is None and task.__self__.swept == ["workers"]
@@ -84,7 +84,7 @@ def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
 
 def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, capsys):
     """The run and the command's closing line share one description of the workload."""
-    from kspipe.cli import Jobs, run_hydra
+    from kspipe.cli.command import Jobs, run_hydra
     from kspipe.plugin_manager import get_plugin_manager
     from kspipe.schema import register_schemas
 

@@ -49,7 +49,7 @@ def test_every_experiment_runs_in_one_multirun(tmp_path, tiny_imagenet):
     ctr = ["datafeed.generated.lines_per_file=200", f"datafeed.generated.cache_dir={tmp_path}/cache",
            "ctr.epochs=1"]
     done = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", "-m", f"+experiment={','.join(EXPERIMENTS)}",
+        [sys.executable, "-m", "kspipe.cli.command", "-m", f"+experiment={','.join(EXPERIMENTS)}",
          *reptile, "eval.inner_batch=3", *ctr, "isolate=false",
          f"hydra.sweep.dir={tmp_path}/multirun"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)

@@ -91,7 +91,7 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
 def test_an_unknown_sweeper_or_a_search_space_that_does_not_parse_is_one_line(
         tmp_path, tiny_data, space, message):
     """What `kspipe -m ... hydra/sweeper=optuna <space>` checks before Hydra starts."""
-    from kspipe.cli import check_config
+    from kspipe.cli.command import check_config
     from kspipe.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:

@@ -36,7 +36,7 @@ def children(pid: int) -> list[int]:
 def recorder_started(pid: int) -> bool:
     for child in children(pid):
         try:
-            if b"kspipe.observers.recorder" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"kspipe.observers.mlflow.recorder" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return True
         except OSError:
             continue

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.endpoints import free_ports
+from kspipe.cluster.endpoints import free_ports
 from kspipe.testing import run_kspipe, stopped_when, tiny_overrides
 
 
@@ -80,7 +80,7 @@ def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path
     """Ctrl-C in a sweep's first job: the job stops at a safe point (KILLED), and so does
     the sweep, whose parent run Hydra would leave RUNNING (it calls no callback then)."""
     sweep_dir = tmp_path / "multi"
-    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli", "-m",
+    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", "-m",
                             *sweep_args(tmp_path, tiny_data), "task.ways=3,4",
                             "train.meta_iters=100000", "train.checkpoint_every=2",
                             "eval.interval=0", "eval.baseline=false",

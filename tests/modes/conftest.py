@@ -23,7 +23,7 @@ TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 def launch(tmp: Path, data: Path, *overrides) -> Path:
     """The scheduled job with ``overrides`` run by kspipe's own launcher in ``tmp/run``."""
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp, data),
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp, data),
                              *overrides, f"run_dir={tmp / 'run'}"],
                             cwd=tmp, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

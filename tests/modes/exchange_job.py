@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-from kspipe.modes.dense import ParameterExchange
-from kspipe.modes.exchange import StrategyExchange
+from kspipe.modes.ps.dense import ParameterExchange
+from kspipe.modes.ps.exchange import StrategyExchange
 from kspipe.modes.pserver import PserverRole
 from kspipe.modes.role import read_vars, write_vars
 from kspipe.testing import QuietReporter

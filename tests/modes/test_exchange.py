@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.modes.launch import Cluster
-from kspipe.modes.plan import launch_plan
+from kspipe.launchers.watcher import Cluster
+from kspipe.cluster.plan import launch_plan
 from kspipe.pipeline import run
 from kspipe.testing import (compose_config, latest_weights, overloaded, plugin_manager,
                             tiny_overrides)
@@ -118,7 +118,7 @@ def test_layout_puts_push_counts_first_in_every_part_a_server_applies():
     """Paddle's client gives server s the values [s * (size // S + 1), ...) of a dense
     table, and the server applies them in 10 parts (the first ones one longer): each
     part begins with the workers' counts, apart from every weight."""
-    from kspipe.modes.dense import SERVER_PARTS, Layout
+    from kspipe.modes.ps.dense import SERVER_PARTS, Layout
 
     for weights, workers, servers in [(1, 1, 1), (3, 4, 2), (10, 2, 3), (112451, 8, 5),
                                       (0, 3, 7), (17, 1, 16), (1001, 2, 2)]:

@@ -45,7 +45,7 @@ def launch(tmp_path, data, host, base, *extra):
             f"run_dir={tmp_path / host}", "mode=pserver", "cluster.strategy=sync",
             f"servers=[{HOST_A}:{base}]", f"workers=[{HOST_A}:{base + 3},{HOST_B}:{base + 6}]",
             f"cluster.host={host}", "cluster.timeout_s=300", *extra]
-    return subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

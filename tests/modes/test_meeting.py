@@ -1,5 +1,5 @@
-"""Where a job's processes meet for gloo: kspipe's address book (kspipe/modes/addresses.py,
-kspipe/modes/meeting.py).  Every cluster test meets through it; these check the book."""
+"""Where a job's processes meet for gloo: kspipe's address book (kspipe/cluster/addresses.py,
+kspipe/cluster/meeting.py).  Every cluster test meets through it; these check the book."""
 
 import socket
 import urllib.error
@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from kspipe.endpoints import free_ports
+from kspipe.cluster.endpoints import free_ports
 from kspipe.errors import ClusterError
-from kspipe.modes.meeting import open_book
+from kspipe.cluster.meeting import open_book
 
 
 def test_the_book_keeps_what_is_put_and_ends_with_its_starter():

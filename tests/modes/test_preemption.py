@@ -34,7 +34,7 @@ EVERY = {"pserver-geo": 6}
 
 
 def kspipe(tmp_path, *args):
-    return subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

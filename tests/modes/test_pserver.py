@@ -12,7 +12,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.endpoints import free_ports
+from kspipe.cluster.endpoints import free_ports
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import (compose_config, job_processes, plugin_manager, run_kspipe,
@@ -36,7 +36,7 @@ def test_a_killed_worker_stops_the_job(tmp_path, tiny_data, mode):
     args = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
             f"mode={mode}", "workers=2", "servers=1", "train.meta_iters=100000",
             "train.checkpoint_every=0", "eval.interval=0"]
-    launcher = subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+    launcher = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.endpoints import free_ports
+from kspipe.cluster.endpoints import free_ports
 from kspipe.testing import (SCHEDULED_COLLECTIVE, latest_weights, run_statuses,
                             scheduled_overrides)
 
@@ -53,7 +53,7 @@ def test_pods_started_apart_with_a_paddlejobs_environment_are_one_job(
     try:
         for pod in pods:
             started.append(subprocess.Popen(
-                [sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp_path, tiny_data)],
+                [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
                 cwd=tmp_path, env=dict(os.environ, **job, **pod), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True))
             time.sleep(1.5)  # a second apart, each would have had a Hydra folder of its own
@@ -107,7 +107,7 @@ def test_cluster_launcher_paddle_runs_the_job_under_paddles_launcher(
     expected = request.getfixturevalue("launched" if form == "pserver" else "launched_collective")
     job = scheduled_overrides(tmp_path, tiny_data) + (
         [] if form == "pserver" else SCHEDULED_COLLECTIVE)
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, "cluster.launcher=paddle"],
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (folder,) = (tmp_path / "outputs").glob("*/*")  # the command's own Hydra folder
@@ -134,7 +134,7 @@ def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
     empty.mkdir()
     job = [o if not o.startswith("dataset.root=") else f"dataset.root={empty}"
            for o in scheduled_overrides(tmp_path, tiny_data)]
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *job, "cluster.launcher=paddle"],
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
@@ -166,7 +166,7 @@ def test_an_environment_missing_what_a_role_needs_is_one_line(tmp_path, tiny_dat
                                                               environment, message):
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("PADDLE_", "TRAINING_ROLE", "POD_IP"))}
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp_path, tiny_data)],
+    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
                             cwd=tmp_path, env=dict(clean, **environment), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode != 0
@@ -220,7 +220,7 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
     import yaml
 
     wrote = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp_path, tiny_data),
+        [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
          "cluster.launcher=paddlejob", "cluster.image=registry.example/kspipe:1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert wrote.returncode == 0, wrote.stderr[-3000:]
@@ -238,7 +238,7 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
             command = pod["command"]
             assert command[0] == "kspipe"
             pods.append(subprocess.Popen(
-                [sys.executable, "-m", "kspipe.cli", *command[1:]], cwd=tmp_path,
+                [sys.executable, "-m", "kspipe.cli.command", *command[1:]], cwd=tmp_path,
                 env=dict(os.environ, **pod["env"], **THREADS), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True))
             time.sleep(1.0)  # pods start when Kubernetes gets to them
@@ -260,7 +260,7 @@ def test_every_role_shares_its_hosts_cores_however_it_was_started(monkeypatch):
     taking the cores from the job's other processes) from kspipe's plan, and set it
     themselves when a scheduler started them; the user's own value stands.  A kspipe
     command that is not a role of a job leaves it alone."""
-    from kspipe.modes.plan import launch_plan
+    from kspipe.cluster.plan import launch_plan
 
     monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
     assert {p.env["KMP_BLOCKTIME"] for p in launch_plan("pserver", 2, 1, threads=1)} == {"0"}

@@ -44,7 +44,7 @@ def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc) ->
     its run folder."""
     run = tmp / "run"
     result = subprocess.run(
-        ["salloc", *salloc, "--quiet", sys.executable, "-m", "kspipe.cli",
+        ["salloc", *salloc, "--quiet", sys.executable, "-m", "kspipe.cli.command",
          *scheduled_overrides(tmp, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
         cwd=tmp, env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -62,12 +62,12 @@ def test_a_slurm_jobs_gloo_meeting_point_is_a_port_drawn_free(kind, monkeypatch)
     now and then on a busy node (it failed a CI run)."""
     from omegaconf import OmegaConf
 
-    from kspipe.modes import slurm as slurm_launcher
+    from kspipe.launchers import slurm as slurm_launcher
 
     drawn = [41001, 41011, 41021, 41031]  # what free_ports draws here, none the + 1 of another
-    monkeypatch.setattr("kspipe.endpoints.free_ports", lambda count, host="127.0.0.1":
+    monkeypatch.setattr("kspipe.cluster.endpoints.free_ports", lambda count, host="127.0.0.1":
                         drawn[:count])
-    monkeypatch.setattr("kspipe.modes.plan.check_port_free", lambda host, port: None)
+    monkeypatch.setattr("kspipe.cluster.plan.check_port_free", lambda host, port: None)
     monkeypatch.setattr(slurm_launcher, "allocation_hosts", lambda env=None: ["node1"])
     cfg = OmegaConf.create({"workers": 2, "servers": 1, "cluster": {}})
     servers = 1 if kind == "pserver" else None
@@ -119,7 +119,7 @@ def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, 
                                                    message):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [*allocate, sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp_path, tiny_data),
+        [*allocate, sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
          f"cluster.launcher={'slurm' if allocate else 'nope'}", f"run_dir={tmp_path / 'run'}"],
         cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
@@ -156,7 +156,7 @@ def environment_of(pid: int) -> dict:
 def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_data, slurm):
     run = tmp_path / "run"
     job = subprocess.Popen(
-        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli",
+        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli.command",
          *scheduled_overrides(tmp_path, tiny_data), "train.meta_iters=100000", "cluster.launcher=slurm",
          f"run_dir={run}"],
         cwd=tmp_path, env=dict(os.environ, **slurm), stdout=subprocess.PIPE,
@@ -210,7 +210,7 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
     last = f"checkpoint-{launched_long.iterations:07d}"
 
     script = tmp_path / "job.sbatch"
-    command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "kspipe.cli", *job,
+    command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "kspipe.cli.command", *job,
                                           "cluster.launcher=slurm"])
     script.write_text(f"#!/bin/bash\n#SBATCH -n 3\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
                       f"#SBATCH -o {tmp_path}/slurm-%j.out\nexec {command}\n")
@@ -250,7 +250,7 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", *scheduled_overrides(tmp_path, tiny_data),
+        [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
          "cluster.launcher=slurm", f"run_dir={run}", "cluster.slurm_args=['--job-name=bags']"],
         cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -277,7 +277,7 @@ def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data,
     job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", "-m", "hydra/launcher=submitit_slurm",
+        [sys.executable, "-m", "kspipe.cli.command", "-m", "hydra/launcher=submitit_slurm",
          "hydra.launcher.mem_gb=null", *job, "workers=1,2", f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -303,7 +303,7 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
     job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     command = subprocess.Popen(
-        [sys.executable, "-m", "kspipe.cli", "-m", "hydra/launcher=submitit_slurm",
+        [sys.executable, "-m", "kspipe.cli.command", "-m", "hydra/launcher=submitit_slurm",
          "hydra.launcher.mem_gb=null", *job, "workers=1", "train.meta_iters=100000",
          "train.checkpoint_every=2", "eval.interval=0", "task.ways=3,4",
          f"hydra.sweep.dir={sweep}"],
@@ -325,7 +325,7 @@ def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
         tmp_path, tiny_data, launched_collective, slurm):
     run = tmp_path / "run"
     result = subprocess.run(
-        ["salloc", "-n", "2", "--quiet", sys.executable, "-m", "kspipe.cli",
+        ["salloc", "-n", "2", "--quiet", sys.executable, "-m", "kspipe.cli.command",
          *scheduled_overrides(tmp_path, tiny_data), *SCHEDULED_COLLECTIVE,
          "cluster.launcher=slurm", f"run_dir={run}"], cwd=tmp_path,
         env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)

@@ -10,8 +10,9 @@ import os
 from omegaconf import OmegaConf
 
 from kspipe.contracts import Workload
-from kspipe.observers import plots, sweep, sweep_runs, tags
-from kspipe.observers.sweep_runs import RunRecord
+from kspipe.observers import plots, sweep
+from kspipe.observers.mlflow import sweep_runs, tags
+from kspipe.observers.mlflow.sweep_runs import RunRecord
 
 REPTILE = Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
                    summary=("test_accuracy", "baseline_test_accuracy", "tasks_per_s"))

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from kspipe.errors import ConfigError
-from kspipe.observers import store, sweep_runs
+from kspipe.observers.mlflow import store, sweep_runs
 from kspipe.testing import Server, begun_store, run_kspipe, run_statuses, tiny_overrides
 
 #: The smallest run: one meta-iteration, two evaluation tasks, no baseline.
@@ -29,7 +29,7 @@ def job_args(tmp_path, data, *extra):
     tiny = [o for o in tiny_overrides(tmp_path, data)
             if not o.startswith(("run_dir=", "tracking.uri="))]
     (tmp_path / "mlflow.db").unlink()  # tiny_overrides began it: the default store is new
-    return [sys.executable, "-m", "kspipe.cli", "+experiment=omniglot_5way", *tiny, *QUICK,
+    return [sys.executable, "-m", "kspipe.cli.command", "+experiment=omniglot_5way", *tiny, *QUICK,
             *extra]
 
 
@@ -224,8 +224,9 @@ def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_da
     the recorder the run will take is started before the config is composed, and is there
     when ``stopping.install`` imports Paddle.  Not for a run that records nothing, nor in
     a process a scheduler started as a role (its first worker records)."""
-    from kspipe import cli, stopping
-    from kspipe.observers import recorder
+    from kspipe import stopping
+    from kspipe.cli import command as cli
+    from kspipe.observers.mlflow import recorder
 
     if "env" in setting:
         monkeypatch.setenv(*setting["env"])
@@ -263,7 +264,7 @@ def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_da
 
 
 def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
-    from kspipe.observers import recorder
+    from kspipe.observers.mlflow import recorder
 
     dead = recorder.Recorder.start()
     dead.process.kill()
@@ -280,7 +281,7 @@ def test_a_recorder_started_early_that_died_is_replaced(monkeypatch):
 def test_a_recorder_started_early_that_died_before_its_store_was_known_is_ended():
     """Told where the store is, a recorder that died meanwhile is ended (the run starts
     another): no broken pipe for the command."""
-    from kspipe.observers import recorder
+    from kspipe.observers.mlflow import recorder
 
     recorder.start_early()
     early = recorder._early

@@ -18,9 +18,9 @@ from kspipe.testing import run_kspipe, tiny_overrides
 ARENAS = """
 import ctypes, sys, threading
 if sys.argv[1] == "kspipe":
-    import kspipe.cli  # what a kspipe command imports first
+    import kspipe.cli.command  # what a kspipe command imports first
 elif sys.argv[1] == "worker":
-    import kspipe.worker
+    import kspipe.cli.worker
 together = threading.Barrier(16)
 def allocate():
     for _ in range(20):
@@ -60,9 +60,9 @@ def test_a_kspipe_process_sets_paddles_executor_unless_told_otherwise():
     flags = [SERIAL_ENV, FREE_ENV]
     ask = "import {}paddle; print(*paddle.get_flags({!r}).values())"
     for module, given, expected in (
-            ("kspipe.cli, ", {}, "True 0.001"), ("kspipe.worker, ", {}, "True 0.001"),
-            ("kspipe.cli, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
-            ("kspipe.worker, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("kspipe.cli.command, ", {}, "True 0.001"), ("kspipe.cli.worker, ", {}, "True 0.001"),
+            ("kspipe.cli.command, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("kspipe.cli.worker, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
             ("", {}, "False 0.0")):  # Paddle's own defaults
         env = {k: v for k, v in os.environ.items() if k not in flags}
         result = subprocess.run([sys.executable, "-c", ask.format(module, flags)],

@@ -143,7 +143,7 @@ def test_a_worker_loads_the_resolved_config_as_plain_yaml(tmp_path):
     cfg = compose_config(["mode=pserver", "workers=2"])
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)),
                    tmp_path / "job.yaml")
-    loaded = OmegaConf.load(tmp_path / "job.yaml")  # as kspipe.worker does
+    loaded = OmegaConf.load(tmp_path / "job.yaml")  # as kspipe.cli.worker does
     assert loaded == OmegaConf.to_container(cfg, resolve=True)
     assert loaded.stages.role == "pserver" and loaded.datafeed.print_period_s == 5
 

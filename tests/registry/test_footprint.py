@@ -25,7 +25,7 @@ def test_a_ctr_run_writes_nothing_outside_its_run_folder(tmp_path, mode):
            if name not in ("PYTEST_CURRENT_TEST", "CI") and not name.startswith("XDG_")}
     env.update(KSPIPE_CACHE_DIR=str(cache), TMPDIR=str(temporary), HOME=str(home))
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli", "+experiment=ctr_datafeed", f"mode={mode}",
+        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", f"mode={mode}",
          "workers=2", "ctr.epochs=1", "datafeed.generated.lines_per_file=300",
          "cluster.timeout_s=240"],
         cwd=work, env=env, capture_output=True, text=True, timeout=300)

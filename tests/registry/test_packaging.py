@@ -14,7 +14,7 @@ sys.path.insert(0, {where!r})
 import kspipe
 assert kspipe.__file__.startswith({where!r}), kspipe.__file__
 sys.argv = ["kspipe", "+experiment=omniglot_5way", "workers=0"]
-from kspipe.cli import main
+from kspipe.cli.command import main
 main()
 """
 

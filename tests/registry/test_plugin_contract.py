@@ -127,7 +127,7 @@ def test_nothing_outside_the_observers_imports_them_at_module_level():
 
 
 def test_only_the_tracking_observer_imports_mlflow():
-    """Only kspipe/observers/store.py, recorder.py and serving.py import MLflow (anywhere
+    """Only kspipe/observers/mlflow/store.py, recorder.py and serving.py import MLflow (anywhere
     in them, inside functions too), in kspipe and in the shipped plugins; each of the three
     does, so the rule sees the imports."""
     sources = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
@@ -143,7 +143,7 @@ def test_only_the_tracking_observer_imports_mlflow():
                 importers.add(path)
                 if path not in allowed:
                     bad.append(f"{path.relative_to(ROOT)} line {node.lineno}")
-    assert not bad, ("only kspipe/observers/store.py, recorder.py and serving.py may import "
+    assert not bad, ("only kspipe/observers/mlflow/store.py, recorder.py and serving.py may import "
                      f"mlflow: {bad}")
     assert importers == allowed, sorted(str(p.relative_to(ROOT)) for p in allowed - importers)
 

@@ -114,7 +114,7 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
     """init_from: the servers' shards and the workers' state of a cluster run become one
     process's model (the same rows, the same tower), which trains on; its model goes back
     onto a cluster of another number of servers and scores exactly as it did."""
-    from kspipe.modes.tables import read_table_rows
+    from kspipe.modes.ps.tables import read_table_rows
 
     tmp, _ = on_servers
 
@@ -177,7 +177,7 @@ def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path
 
     run_dir = tmp_path / "run"
     args = [*ctr_overrides(tmp_path, *CLUSTER), "ctr.epochs=8"]
-    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli", *args], cwd=tmp_path,
+    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints, killed = run_dir / "checkpoints", None
     try:

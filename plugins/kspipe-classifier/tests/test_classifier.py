@@ -82,7 +82,7 @@ def test_two_workers_end_with_the_one_process_model(runs, mode):
 
 
 def test_plugins_lists_the_workload(installed, tmp_path):
-    listing = subprocess.run([sys.executable, "-m", "kspipe.cli", "plugins"], cwd=tmp_path,
+    listing = subprocess.run([sys.executable, "-m", "kspipe.cli.command", "plugins"], cwd=tmp_path,
                              env=installed, capture_output=True, text=True, timeout=120)
     line = next(line for line in listing.stdout.splitlines() if line.startswith("classifier"))
     assert "kspipe-classifier 0.1.0" in line and "kspipe_execute [stage execute]" in line

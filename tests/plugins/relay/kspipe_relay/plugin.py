@@ -5,7 +5,7 @@ import sys
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.modes.launchers import ProcessLauncher
+from kspipe.launchers.processes import ProcessLauncher
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 MOST = 4

@@ -11,7 +11,7 @@ import re
 import shutil
 
 from kspipe.errors import ClusterError, ConfigError
-from kspipe.modes.dense import CLIENT_FLAGS, pull_all_dense
+from kspipe.modes.ps.dense import CLIENT_FLAGS, pull_all_dense
 from kspipe.modes.role import ParameterSync
 
 #: A worker's dense pushes so far (an ``increment`` op in its program, once per batch).

@@ -1,18 +1,18 @@
 """``cluster.launcher``: who starts the processes a mode planned (a plugin may add its own).
 
 A mode plans its job: the roles, their endpoints and Paddle's environment contract
-(:func:`kspipe.modes.plan.launch_plan`).  A process launcher places that plan and says
-how each process is started; kspipe's :class:`kspipe.modes.launch.Cluster` then starts
+(:func:`kspipe.cluster.plan.launch_plan`).  A process launcher places that plan and says
+how each process is started; kspipe's :class:`kspipe.launchers.watcher.Cluster` then starts
 them that way, watches them, stops them all when one fails and names it; each role only
 plays its part.  Built in (each module a plugin of its own):
 
 * ``processes`` (:class:`ProcessLauncher`, the default): kspipe starts this host's
   processes itself;
-* ``slurm`` (:class:`kspipe.modes.slurm.SlurmLauncher`): job steps of the Slurm allocation
+* ``slurm`` (:class:`kspipe.launchers.slurm.SlurmLauncher`): job steps of the Slurm allocation
   the job runs in, or, outside one, the job submitted with ``sbatch``;
-* ``paddlejob`` (:class:`kspipe.modes.kubernetes.PaddleJobLauncher`): a ``PaddleJob``
+* ``paddlejob`` (:class:`kspipe.launchers.kubernetes.PaddleJobLauncher`): a ``PaddleJob``
   manifest, whose pods Kubernetes starts;
-* ``paddle`` (:class:`kspipe.modes.fleetrun.PaddleLauncher`): Paddle's own launcher
+* ``paddle`` (:class:`kspipe.launchers.paddle.PaddleLauncher`): Paddle's own launcher
   (``python -m paddle.distributed.launch``) starts the job's processes.
 
 A plugin adds one by returning it from the hook ``kspipe_process_launchers``
@@ -22,8 +22,8 @@ A plugin adds one by returning it from the hook ``kspipe_process_launchers``
 from __future__ import annotations
 
 from kspipe import hookimpl
-from kspipe.modes.launch import run_cluster
-from kspipe.modes.plan import Planned, launch_plan
+from kspipe.launchers.watcher import run_cluster
+from kspipe.cluster.plan import Planned, launch_plan
 
 
 class ProcessLauncher:
@@ -50,7 +50,7 @@ class ProcessLauncher:
 
     def plan(self, kind: str, cfg, workers, servers=None, **options) -> list[Planned]:
         """The processes of a ``kind`` job that this launcher starts
-        (:func:`kspipe.modes.plan.launch_plan`, whose ``options`` these are): by default
+        (:func:`kspipe.cluster.plan.launch_plan`, whose ``options`` these are): by default
         this host's."""
         return launch_plan(kind, workers, servers, cfg.cluster.host, **options)
 
@@ -58,7 +58,7 @@ class ProcessLauncher:
         """Start the ``plan``'s processes, watch them, stop them together when one fails or
         this process is stopped, and return the job's metrics (a
         :class:`kspipe.errors.ClusterError` naming the process that failed).  By default
-        kspipe's own watcher (:func:`kspipe.modes.launch.run_cluster`), which starts each
+        kspipe's own watcher (:func:`kspipe.launchers.watcher.run_cluster`), which starts each
         process as :meth:`command` says."""
         return run_cluster(cfg, reporter, plan, description, hosts=hosts, launcher=self)
 

@@ -4,7 +4,7 @@ fleetrun) starts the job's processes; kspipe watches them and judges how they en
 The ``kspipe`` command is the job's launcher as under ``processes``: it records the MLflow
 run and writes the job's resolved config.  Instead of starting the roles itself, it runs
 Paddle's launcher (the parameter-server form, ``--server_num --trainer_num``, or the
-collective one, ``--nproc_per_node``) with ``python -m kspipe.worker <job.yaml>`` as its
+collective one, ``--nproc_per_node``) with ``python -m kspipe.cli.worker <job.yaml>`` as its
 program: each process reads its role from the environment Paddle's launcher gives it
 (Paddle's contract, kspipe/job.py), and the first worker records into the command's run.
 
@@ -27,12 +27,12 @@ import sys
 import time
 
 from kspipe import hookimpl
-from kspipe.endpoints import free_ports, parse_endpoints
+from kspipe.cluster.endpoints import free_ports, parse_endpoints
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
-from kspipe.modes.launch import ECHOED, Cluster, error_line, worker_command, write_job
-from kspipe.modes.launchers import ProcessLauncher
-from kspipe.modes.plan import Planned
+from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
+from kspipe.launchers.processes import ProcessLauncher
+from kspipe.cluster.plan import Planned
 
 #: How long the roles may take to save their state and exit when the job is stopped.
 ROLES_GRACE_S = 60.0

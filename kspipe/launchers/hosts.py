@@ -10,7 +10,7 @@ launcher connects to it before starting its processes and names its host.  Then:
   ``failed <why>`` and stops its processes; the other launchers stop theirs and fail;
 * a launcher that dies without a word (SIGKILL, a lost machine) closes the connection:
   the same happens, naming its host (its own processes die with it: see
-  :class:`kspipe.modes.launch.Cluster`);
+  :class:`kspipe.launchers.watcher.Cluster`);
 * a launcher whose part finished says ``done``.
 
 The first host fails the job if a host has not connected within ``cluster.hosts_timeout_s``.
@@ -48,7 +48,7 @@ class JobHosts:
 
 def job_hosts(kind: str, cfg) -> JobHosts | None:
     """The hosts of a ``kind`` job across several hosts; None for a job on one host."""
-    from kspipe.endpoints import parse_endpoints, this_host
+    from kspipe.cluster.endpoints import parse_endpoints, this_host
 
     workers = parse_endpoints(cfg.workers, "workers")
     servers = parse_endpoints(cfg.servers, "servers") if kind == "pserver" else []

@@ -2,7 +2,7 @@
 worker's pushes, writes and pulls of it.
 
 :class:`Layout` places the parameters and each worker's push counts in one flat table;
-:class:`ParameterExchange` moves it (its strategies are :mod:`kspipe.modes.exchange`'s).
+:class:`ParameterExchange` moves it (its strategies are :mod:`kspipe.modes.ps.exchange`'s).
 Paddle's brpc client holds dense pushes back for merging (up to 12, or until a
 ``client_flush``, which polls every 100 ms); :data:`CLIENT_FLAGS` makes it send each push
 at once.

@@ -1,16 +1,16 @@
 """The ``mlflow`` plugin: a run's record in MLflow, kept by the first worker only.
 
 A run (:class:`MlflowTracker`) gets the flattened resolved config as params, its workload's
-name and metrics as tags (:mod:`kspipe.observers.tags`), every metric the stages report,
+name and metrics as tags (:mod:`kspipe.observers.mlflow.tags`), every metric the stages report,
 the resolved config, the inference model and a learning-curve PNG of the ``curve/*``
 series (:mod:`kspipe.observers.plots`) as artifacts, the inference model as the MLflow
-model ``model`` (:mod:`kspipe.observers.serving`; registered as ``tracking.register`` if
+model ``model`` (:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
 set), and ends FINISHED, FAILED or KILLED.  Its last line names the command that opens the
-runs page of the experiment (:func:`kspipe.observers.store.runs_page`).
+runs page of the experiment (:func:`kspipe.observers.mlflow.store.runs_page`).
 
-The record is written by a process of its own (:mod:`kspipe.observers.recorder`), so the
+The record is written by a process of its own (:mod:`kspipe.observers.mlflow.recorder`), so the
 job's process neither imports MLflow nor waits for its store; in a sweep, the run becomes
-a child of the parent that ``KSPIPE_PARENT_RUN_ID`` names (:mod:`kspipe.observers.sweep_runs`).
+a child of the parent that ``KSPIPE_PARENT_RUN_ID`` names (:mod:`kspipe.observers.mlflow.sweep_runs`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from kspipe import hookimpl
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, first_line
-from kspipe.observers.recorder import Recorder
-from kspipe.observers.store import runs_page, tracking_uri
-from kspipe.observers.sweep_runs import PARENT_RUN_ENV
-from kspipe.observers.tags import workload_tags
+from kspipe.observers.mlflow.recorder import Recorder
+from kspipe.observers.mlflow.store import runs_page, tracking_uri
+from kspipe.observers.mlflow.sweep_runs import PARENT_RUN_ENV
+from kspipe.observers.mlflow.tags import workload_tags
 from kspipe.reporting import say
 
 RUN_ENV = "KSPIPE_RUN_ID"  # a cluster's launcher made the run; its first worker records into it
@@ -48,7 +48,7 @@ class MlflowTracker:
     """The tracking plugin; one instance per plugin manager.  The run's workload comes
     with ``kspipe_run_start``, as the pipeline described it once for the run.
 
-    The record is written by a :class:`~kspipe.observers.recorder.Recorder` process, opened
+    The record is written by a :class:`~kspipe.observers.mlflow.recorder.Recorder` process, opened
     beside the dataset and program stages: the execute stage waits for it (a store that
     cannot be opened stops the job there, before training), a launcher at once (its
     processes inherit the run's id)."""
@@ -65,12 +65,12 @@ class MlflowTracker:
         self.workload = workload
         if not cfg.tracking.enabled or not role.is_first_worker():
             return
-        self.owner = not (os.environ.get(RUN_ENV) and not role.is_launcher)
+        self.owner = not (os.environ.get(RUN_ENV) and not role.is_cluster_job)
         create = self.new_run(cfg, run_dir) if self.owner else None
         self.recorder = Recorder.take()
         self.recorder.ask("open", tracking_uri(cfg), cfg.tracking.experiment,
                           None if self.owner else os.environ[RUN_ENV], create)
-        if role.is_launcher:
+        if role.is_cluster_job:
             self.opened()
             if self.run_id:
                 os.environ[RUN_ENV] = self.run_id  # inherited by the processes it starts

@@ -22,12 +22,11 @@ from omegaconf import open_dict  # noqa: E402
 
 from kspipe import stopping  # noqa: E402
 from kspipe.errors import ClusterError, KspipeError, StorageError, print_error  # noqa: E402
-from kspipe.job import role_from_environment  # noqa: E402
-from kspipe.modes.plan import share_cores  # noqa: E402
+from kspipe.cluster import environment  # noqa: E402
 from kspipe.schema import register_schemas  # noqa: E402
 
-if role_from_environment("pserver") or role_from_environment("collective"):
-    share_cores(os.environ)  # a role a scheduler started, before Paddle loads OpenMP
+if environment.any_given():
+    environment.share_cores(os.environ)  # a role a scheduler started, before Paddle loads OpenMP
 
 
 def main() -> None:
@@ -78,7 +77,7 @@ def command(args: list[str]) -> None:
     from kspipe.plugin_manager import get_plugin_manager, implementers, plugin_schemas
 
     if args and args[0] == "plugins":  # SUBCOMMANDS
-        from kspipe.plugins_cmd import list_plugins
+        from kspipe.cli.plugins import list_plugins
 
         sys.exit(list_plugins(args[1:]))
     if args and args[0] == "datafeed":
@@ -280,15 +279,15 @@ def check_run_folder(cfg, args: list[str]) -> None:
 def start_recorder(args: list[str]) -> None:
     """Start the MLflow recorder of a job that may record its run, first thing, so that
     MLflow's import runs beside the config's composition and Paddle's import
-    (:func:`kspipe.observers.recorder.start_early`; a sweep's first job takes it).  Not
+    (:func:`kspipe.observers.mlflow.recorder.start_early`; a sweep's first job takes it).  Not
     where the command line turns tracking off, nor in a process a scheduler started as a
     job's role: its first worker records, the others never do."""
-    if role_from_environment("pserver") or role_from_environment("collective"):
+    if environment.any_given():
         return
     if any(override.key_or_group == "tracking.enabled" and override.value() is False
            for override in read_overrides(args)):
         return
-    from kspipe.observers.recorder import start_early
+    from kspipe.observers.mlflow.recorder import start_early
 
     start_early()
 
@@ -297,14 +296,14 @@ def record_early(cfg) -> None:
     """Once the config is composed, the recorder :func:`start_recorder` started imports
     what the run's store needs, or ends if the job records nothing (``cfg`` None: Hydra
     composes it, from another config folder or name; the run takes the recorder as it is)."""
-    from kspipe.observers.recorder import end_early, prepare_early
+    from kspipe.observers.mlflow.recorder import end_early, prepare_early
 
     if cfg is None:
         return
     if not cfg.tracking.enabled:
         end_early()
         return
-    from kspipe.observers.store import tracking_uri
+    from kspipe.observers.mlflow.store import tracking_uri
 
     prepare_early(tracking_uri(cfg))
 

@@ -1,7 +1,7 @@
 """A sweep's runs in MLflow: the parent run, its children read back as plain records, its end.
 
 :func:`start_parent_run` makes the parent and names it in ``KSPIPE_PARENT_RUN_ID``, whose
-runs (the ``mlflow`` observer's, :mod:`kspipe.observers.tracking`) become its children;
+runs (the ``mlflow`` observer's, :mod:`kspipe.observers.mlflow.tracking`) become its children;
 :func:`child_runs` reads them back as :class:`RunRecord` values and
 :func:`finish_parent_run` attaches the comparison and ends the parent.  Called by the
 sweep's callback (:mod:`kspipe.observers.sweep`).
@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 
 from kspipe.contracts import Workload
-from kspipe.observers.store import client_for, experiment_id, runs_page
-from kspipe.observers.tags import workload_from_tags
+from kspipe.observers.mlflow.store import client_for, experiment_id, runs_page
+from kspipe.observers.mlflow.tags import workload_from_tags
 from kspipe.reporting import say
 
 #: The sweep's parent run, named to the runs of its jobs (in this process or the ones it starts).

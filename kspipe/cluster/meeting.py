@@ -4,7 +4,7 @@ Gloo's worlds are set up through a store of addresses.  Paddle 2.6.2 offers a fo
 where a process that finds a peer's address missing sleeps 10 s before it looks again, or
 HTTP, whose key-value server the first process checks on in 3-5 s sleeps (and the others
 wait for in 3 s sleeps): every job waited 3-10 s to begin.  Here the first process starts
-an address book of kspipe's own (:mod:`kspipe.modes.addresses`), every process waits for
+an address book of kspipe's own (:mod:`kspipe.cluster.addresses`), every process waits for
 it in 20 ms polls, and Paddle's own gloo meets through it: a job meets in well under a
 second.  Fleet's worlds in a parameter-server job (the workers', the servers', and with
 ``PADDLE_WITH_GLOO=2`` everyone's) meet through :class:`MeetingRoleMaker` (server 0 serves
@@ -25,7 +25,7 @@ import sys
 import paddle.distributed.fleet as fleet
 from paddle.base import core
 
-from kspipe.endpoints import wait_for_listener
+from kspipe.cluster.endpoints import wait_for_listener
 from kspipe.errors import ClusterError
 
 #: How long a process waits for server 0's address book, and for its world to meet.
@@ -86,7 +86,7 @@ def gloo_context(rank: int, size: int, endpoint: str):
 def open_book(port: int) -> subprocess.Popen:
     """Start the address book on ``port`` of this host and return once it serves there; it
     ends when this process does."""
-    book = subprocess.Popen([sys.executable, "-m", "kspipe.modes.addresses", str(port)],
+    book = subprocess.Popen([sys.executable, "-m", "kspipe.cluster.addresses", str(port)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if book.stdout.readline().strip() != "ready":  # it said why in this process's log
         raise ClusterError(f"the job's gloo meeting point could not take port {port} "

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 
 from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
 from kspipe.files import user_path
-from kspipe.observers.store import driver_error, is_server, probe_server, shown
+from kspipe.observers.mlflow.store import driver_error, is_server, probe_server, shown
 from kspipe.reporting import say
 
 
@@ -59,7 +59,7 @@ class Recorder:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "kspipe.observers.recorder", str(to_child),
+                [sys.executable, "-m", "kspipe.observers.mlflow.recorder", str(to_child),
                  str(from_child)], pass_fds=(to_child, from_child),
                 env=env, stdin=subprocess.DEVNULL, start_new_session=_own_sessions)
         finally:
@@ -179,7 +179,7 @@ class Record:
         made as ``create`` says.  Returns (run id, experiment id)."""
         from omegaconf import OmegaConf
 
-        from kspipe.observers.store import client_for
+        from kspipe.observers.mlflow.store import client_for
 
         self.client = client_for(OmegaConf.create({"tracking": {"uri": uri,
                                                                 "experiment": experiment}}))
@@ -194,10 +194,10 @@ class Record:
     def create(self, experiment, run_name, tags, params, config_path, register, source):
         from mlflow.entities import Param
 
-        from kspipe.observers.store import experiment_id
+        from kspipe.observers.mlflow.store import experiment_id
 
         if register:
-            from kspipe.observers import serving
+            from kspipe.observers.mlflow import serving
 
             serving.check_registry_name(self.client, register)
         if source:
@@ -361,12 +361,12 @@ def source_run_id(client, path: str) -> str | None:
 
 
 def log_model(uri: str, run_id: str, run_dir: str, serving: str, register) -> str | None:
-    """The run's MLflow model (:func:`kspipe.observers.serving.log_model`), with Paddle's
+    """The run's MLflow model (:func:`kspipe.observers.mlflow.serving.log_model`), with Paddle's
     signal handlers taken off again (its import installs them); the line to say if a
     model could not be logged (a refused registration is the run's failure)."""
     import paddle
 
-    from kspipe.observers import serving as pyfunc
+    from kspipe.observers.mlflow import serving as pyfunc
 
     paddle.disable_signal_handler()
     ignore_stop_signals()

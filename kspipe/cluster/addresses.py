@@ -2,11 +2,11 @@
 
 A key-value store over HTTP, as gloo's HTTP client speaks it: ``PUT /<world>/<key>``
 keeps a value, ``GET`` returns it (404 until it is put).  Server 0 runs it as a child
-process (``python -m kspipe.modes.addresses <port>``): gloo's set-up holds the Python
+process (``python -m kspipe.cluster.addresses <port>``): gloo's set-up holds the Python
 interpreter's lock, so a thread of server 0 could not answer while server 0 itself meets
 the others.  The book says ``ready`` once it holds its port, and serves until its standard
 input closes, which happens when server 0 ends, however it ends.  See
-:mod:`kspipe.modes.meeting`.
+:mod:`kspipe.cluster.meeting`.
 """
 
 from __future__ import annotations

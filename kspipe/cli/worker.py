@@ -1,4 +1,4 @@
-"""One role of a cluster job: ``python -m kspipe.worker <run_dir>/job.yaml``.
+"""One role of a cluster job: ``python -m kspipe.cli.worker <run_dir>/job.yaml``.
 
 The launcher starts this with Paddle's environment contract set (``TRAINING_ROLE`` and
 friends); the role stage reads it and plays that role.
@@ -10,7 +10,7 @@ import os
 import sys
 
 from kspipe.memory import cap_arenas, executor_defaults
-from kspipe.modes.plan import share_cores
+from kspipe.cluster.environment import share_cores
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 cap_arenas()  # before any thread starts
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     from kspipe.pipeline import run
 
     if len(argv) != 1:
-        print("usage: python -m kspipe.worker <job.yaml>", file=sys.stderr)
+        print("usage: python -m kspipe.cli.worker <job.yaml>", file=sys.stderr)
         return 2
     stopping.end_quickly()
     try:

@@ -19,7 +19,7 @@ import time
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.modes.launchers import ProcessLauncher
+from kspipe.launchers.processes import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
 
@@ -57,7 +57,7 @@ def pod_command(overrides: list[str], name: str) -> list[str]:
 def manifest(cfg, overrides: list[str], name: str) -> dict:
     """The ``PaddleJob`` of this job: ``spec.ps`` (pserver) and ``spec.worker`` replicas,
     gloo, the image, and the pods' command."""
-    from kspipe.endpoints import process_count
+    from kspipe.cluster.endpoints import process_count
 
     if not cfg.cluster.get("image"):
         raise ConfigError("cluster.launcher=paddlejob: cluster.image names the container image "

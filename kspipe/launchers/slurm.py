@@ -5,7 +5,7 @@ cluster.launcher=slurm`` plans the job as kspipe's own launcher does, with the h
 allocation's node list (processes spread over the nodes in turn, servers first), and
 starts every process with ``srun`` as a step of one task on its node (``--exact``: steps
 run side by side, each on its own CPUs).  The launcher watches the steps as it watches its
-own processes (kspipe/modes/launch.py): their output is each role's log, one that fails
+own processes (kspipe/launchers/watcher.py): their output is each role's log, one that fails
 stops the rest, and the steps end with it, so nothing is left in ``squeue``.
 
 Outside an allocation, the ``kspipe`` command submits the job with ``sbatch`` instead
@@ -29,8 +29,8 @@ import sys
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.modes.plan import Planned, launch_plan
-from kspipe.modes.launchers import ProcessLauncher
+from kspipe.cluster.plan import Planned, launch_plan
+from kspipe.launchers.processes import ProcessLauncher
 
 
 class SlurmLauncher(ProcessLauncher):
@@ -50,11 +50,14 @@ class SlurmLauncher(ProcessLauncher):
 
     def check(self, cfg, processes: int) -> None:
         check_counts(cfg)
-        check_allocation(processes)
+        if cfg.mode != "local" or os.environ.get("SLURM_JOB_ID"):  # local runs anywhere
+            check_allocation(processes)
 
     def plan(self, kind: str, cfg, workers, servers=None, **options) -> list[Planned]:
         """Every process of the job, on the allocation's nodes."""
         check_counts(cfg)
+        if kind == "local":  # one process, as a step of its own inside an allocation
+            return launch_plan("local", workers)
         server_eps, worker_eps, meeting = endpoints(int(servers) if kind == "pserver" else 0,
                                                     int(workers))
         options["threads"] = options.get("threads") or threads()
@@ -62,8 +65,11 @@ class SlurmLauncher(ProcessLauncher):
                            meeting_port=meeting, **options)
 
     def command(self, planned: Planned, command: list[str]) -> list[str]:
-        return step(node_of(planned.endpoint), f"kspipe-{planned.role}.{planned.index}",
-                    command, int(planned.env["KSPIPE_THREADS"]))
+        if not os.environ.get("SLURM_JOB_ID"):  # a local job outside an allocation
+            return command
+        node = node_of(planned.endpoint) if planned.endpoint else allocation_hosts()[0]
+        return step(node, f"kspipe-{planned.role}.{planned.index}", command,
+                    int(planned.env.get("KSPIPE_THREADS") or threads()))
 
 
 @hookimpl
@@ -111,7 +117,7 @@ def endpoints(servers: int, workers: int, env=os.environ) -> tuple[list[str], li
     Linux starts outgoing connections' ports (it draws free ports odd, theirs even), so
     "the first endpoint's port + 1" is taken now and then on a busy node.
     """
-    from kspipe.endpoints import free_ports
+    from kspipe.cluster.endpoints import free_ports
 
     nodes = allocation_hosts(env)
     *ports, meeting = free_ports(servers + workers + 1)
@@ -180,7 +186,7 @@ def threads(env=os.environ) -> int:
 
 def check_counts(cfg) -> None:
     """Slurm places the processes: ``workers`` and ``servers`` must be counts."""
-    from kspipe.endpoints import parse_endpoints
+    from kspipe.cluster.endpoints import parse_endpoints
 
     for key in ("workers", "servers"):
         if parse_endpoints(cfg.get(key, 1), key) is not None:
@@ -191,15 +197,15 @@ def check_counts(cfg) -> None:
 def submits(cfg, env=os.environ) -> bool:
     """Whether the ``kspipe`` command should submit this job rather than run it: a
     distributed mode with ``cluster.launcher=slurm``, outside an allocation."""
-    from kspipe.job import role_from_environment
+    from kspipe.cluster import environment
 
     return (cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "slurm"
-            and not env.get("SLURM_JOB_ID") and not role_from_environment(cfg.mode, env))
+            and not env.get("SLURM_JOB_ID") and not environment.given(cfg.mode, env))
 
 
 def processes(cfg) -> int:
     """How many processes (tasks) the job needs."""
-    from kspipe.endpoints import process_count
+    from kspipe.cluster.endpoints import process_count
 
     check_counts(cfg)
     count = process_count(cfg.workers, "workers")
@@ -228,7 +234,7 @@ def submit(cfg, run_dir: str, workdir: str) -> str:
         f.write("#!/bin/bash\n")
         f.write("".join(f"#SBATCH {option}\n" for option in options))
         f.write("# the launcher of the job, in the allocation (it starts the roles with srun)\n")
-        f.write(f"exec {shlex.join([sys.executable, '-m', 'kspipe.worker', config])}\n")
+        f.write(f"exec {shlex.join([sys.executable, '-m', 'kspipe.cli.worker', config])}\n")
     out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True,
                          timeout=120)
     if out.returncode:

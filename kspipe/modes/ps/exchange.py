@@ -4,8 +4,8 @@ Paddle 2.6.2's own parameter-server strategies cannot be used from ``exe.run``: 
 never pulls dense parameters back, sync crashes in ``SendBarrierOp`` and geo sends no
 dense parameters.  So kspipe drives the exchange itself over the servers' tables:
 
-* :class:`kspipe.modes.dense.ParameterExchange` moves dense parameters (in
-  kspipe/modes/dense.py, with the table's :class:`~kspipe.modes.dense.Layout`).  A one-op "meta program",
+* :class:`kspipe.modes.ps.dense.ParameterExchange` moves dense parameters (in
+  kspipe/modes/ps/dense.py, with the table's :class:`~kspipe.modes.ps.dense.Layout`).  A one-op "meta program",
   ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
   ``g`` (its ``send`` op alone, run on ``g`` written in as theta's gradient) makes the
   servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
@@ -26,7 +26,7 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     is held and goes with the next push, summed (as Paddle's own async communicator
     merges what its queue holds): about one push every two steps on loopback;
   - ``sync``: a round of all workers.  Their changes are summed in worker order
-    (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
+    (:class:`kspipe.modes.ps.summing.WorkerSum`); every worker goes on from
     ``theta - sum / workers``, and the first worker writes it to the servers, which
     confirm it, before the next round.
     Nothing is lost and the same run gives the same parameters, bit for bit;
@@ -49,9 +49,9 @@ import time
 import numpy as np
 
 from kspipe.errors import ClusterError, ConfigError, check_integer
-from kspipe.modes.dense import ParameterExchange
+from kspipe.modes.ps.dense import ParameterExchange
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
-from kspipe.modes.summing import WorkerSum
+from kspipe.modes.ps.summing import WorkerSum
 
 STRATEGIES = ("sync", "async", "geo")
 

@@ -1,7 +1,7 @@
 """Starting and watching the processes of a cluster (or of one host's part of it).
 
-A mode plans its processes (:func:`kspipe.modes.plan.launch_plan`); :class:`Cluster`
-starts them, as a process launcher (:mod:`kspipe.modes.launchers`) says, and watches them;
+A mode plans its processes (:func:`kspipe.cluster.plan.launch_plan`); :class:`Cluster`
+starts them, as a process launcher (:mod:`kspipe.launchers.processes`) says, and watches them;
 :func:`run_cluster` is the whole of it for a job's launcher.  Each role writes
 ``<run_dir>/logs/<role>.<index>.log``.  Paddle's own launcher exits 0 even when workers
 crash; this one watches every process and, as soon as one fails, stops the rest and
@@ -32,38 +32,9 @@ CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
-class Launcher:
-    """What the role stage returns when this command starts the job's processes instead of
-    playing a part in them (:class:`kspipe.contracts.Launcher`).  It is no role: it trains
-    nothing, so it has no optimiser, table or server loop to offer; the pipeline calls
-    :meth:`launch` and records what it returns."""
-
-    is_launcher = True
-    mode = "local"
-
-    def __init__(self, cfg, hosts=None, launcher=None):
-        #: ``hosts``: the job's hosts when it spans several (kspipe's own control link);
-        #: ``launcher``: the process launcher (:mod:`kspipe.modes.launchers`) that starts
-        #: the planned processes (None: as they are, on this host)
-        self.cfg, self.hosts, self.launcher = cfg, hosts, launcher
-
-    def is_first_worker(self) -> bool:
-        """Whether worker 0 runs on this host (its launcher records the run)."""
-        return self.hosts is None or self.hosts.is_first
-
-    def refuses(self, needs, cfg) -> str | None:
-        """Why the job's roles cannot run a workload that ``needs`` these (their mode's
-        answer, given before any process starts); None if they can."""
-        return None
-
-    def launch(self, reporter) -> dict:
-        """Start the job's processes on this host, watch them, return the job's metrics."""
-        raise NotImplementedError
-
-
 def worker_command(run_dir: str) -> list[str]:
     """What a launched process runs: the job's stages from ``<run_dir>/job.yaml``."""
-    return [sys.executable, "-u", "-m", "kspipe.worker", os.path.join(run_dir, JOB_FILE)]
+    return [sys.executable, "-u", "-m", "kspipe.cli.worker", os.path.join(run_dir, JOB_FILE)]
 
 
 @dataclass
@@ -209,7 +180,7 @@ def _signal_group(popen, sig) -> None:
 
 
 #: What of the first worker's output the launcher's terminal shows (kspipe's launcher and
-#: Paddle's, kspipe/modes/fleetrun.py): its messages and progress lines, not Paddle's, and
+#: Paddle's, kspipe/launchers/paddle.py): its messages and progress lines, not Paddle's, and
 #: not its error line, which the launcher's own error repeats.
 ECHOED = re.compile(r"^(kspipe: (?!error:)|[\w ()-]+ \d+/\d+ \| )")
 
@@ -280,13 +251,13 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,
     """Start the processes of ``plan``, wait, return the job's metrics.
 
     The processes run the stages from ``<run_dir>/job.yaml``, each started as
-    ``launcher`` (a :class:`kspipe.modes.launchers.ProcessLauncher`) says; the first
+    ``launcher`` (a :class:`kspipe.launchers.processes.ProcessLauncher`) says; the first
     worker writes ``metrics.json``.  The roles' logs become the run's ``logs`` artifacts,
-    also when the job fails.  ``hosts`` (:class:`kspipe.modes.hosts.JobHosts`): the job
+    also when the job fails.  ``hosts`` (:class:`kspipe.launchers.hosts.JobHosts`): the job
     spans several hosts, whose launchers watch each other; on a host without worker 0 the
     result is ``{}`` (worker 0's host records the run).
     """
-    from kspipe.modes.hosts import HostLink
+    from kspipe.launchers.hosts import HostLink
 
     run_dir = reporter.run_dir
     write_job(cfg, run_dir)
