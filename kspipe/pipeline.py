@@ -1,6 +1,10 @@
 """The spine: one run, stage by stage, from a composed config to its recorded result.
 
-    check config -> role -> [launcher: launch the processes]
+Every way into a run comes here: the ``kspipe`` command (:func:`hand_off`, :func:`prepare`,
+:func:`run`), a process a launcher started (``python -m kspipe.cli.worker``: :func:`run`)
+and a role a scheduler started with Paddle's environment (the command again).
+
+    check config -> role -> [cluster job: launch the processes]
                   | [server: dataset -> program -> compile -> serve]
                   | [worker: dataset -> program -> compile -> execute -> save]
 
@@ -14,16 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from omegaconf import open_dict
+from pluggy import PluginManager
 
 from kspipe import config as kconfig
-from kspipe import incremental
+from kspipe import incremental, job
 from kspipe.errors import ConfigError, storage_error
-from kspipe.job import requeued_checkpoint
-from kspipe.plugin_manager import (STAGES, check_mode, describe_workload, get_plugin_manager,
-                                   process_launcher, stage_caller)
+from kspipe.plugin_manager import STAGES, get_plugin_manager, implementers
 from kspipe.reporting import Reporter, say
 
 
@@ -41,7 +43,7 @@ def run(cfg, pm=None, workload=None) -> dict:
         workload = prepare(cfg, pm)
     stages = Stages(pm, cfg)
 
-    run_dir = os.path.abspath(cfg.run_dir or default_run_dir())
+    run_dir = os.path.abspath(cfg.run_dir)
     role = stages.call("role", cfg=cfg, launcher=process_launcher(pm, cfg))
     refusal = role.refuses(workload.needs, cfg)
     if refusal:
@@ -65,10 +67,26 @@ def run(cfg, pm=None, workload=None) -> dict:
     return metrics
 
 
+def hand_off(cfg, pm, overrides: list[str]) -> str | None:
+    """Where ``cluster.launcher`` gives the whole job to a scheduler (``sbatch``, a
+    ``PaddleJob`` manifest): every check of :func:`check`, then the hand-off; the line
+    that tells the user how to follow the job.  None where this command runs the job."""
+    launcher = process_launcher(pm, cfg)
+    if not launcher.hands_off(cfg):
+        return None
+    check(cfg, pm)
+    return launcher.hand_off(cfg, overrides)
+
+
 def prepare(cfg, pm):
-    """Before anything starts: a job Slurm requeued resumes from its own latest checkpoint
-    (``cfg`` says so from here on), then :func:`check`; the workload it runs."""
-    requeued = requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir or default_run_dir()))
+    """Before anything starts: the run folder (``run_dir``, else :func:`kspipe.job.run_folder`
+    chooses one), a job Slurm requeued resuming from its own latest checkpoint (``cfg``
+    says so from here on), then :func:`check`; the workload it runs."""
+    if not cfg.get("run_dir"):
+        with open_dict(cfg):
+            cfg.run_dir = job.run_folder(None, cfg.cluster.get("job_id"),
+                                         cfg.cluster.get("launcher"), cfg.mode)
+    requeued = job.requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir))
     if requeued:
         with open_dict(cfg):
             cfg.resume, cfg.init_from = requeued, None
@@ -92,6 +110,50 @@ def check(cfg, pm):
     return workload
 
 
+def stage_caller(pm: PluginManager, stage: str, plugin_name: str):
+    """Return a caller of ``stage``'s hook that reaches only the plugin ``plugin_name``."""
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage '{stage}' (stages: {', '.join(STAGES)})")
+    available = implementers(pm, stage)
+    if plugin_name not in available:
+        raise ConfigError(
+            f"stages.{stage}={plugin_name!r}: no installed plugin of that name serves the "
+            f"{stage} stage (available: {', '.join(available) or 'none'})"
+        )
+    others = [p for name, p in pm.list_name_plugin() if name != plugin_name]
+    return pm.subset_hook_caller(STAGES[stage], remove_plugins=others)
+
+
+def describe_workload(pm: PluginManager, cfg):
+    """What the plugin serving ``cfg.stages.program`` declares of its workload."""
+    from kspipe.contracts import Workload
+
+    name = cfg.stages.program
+    others = [p for n, p in pm.list_name_plugin() if n != name]
+    describe = pm.subset_hook_caller("kspipe_describe_workload", remove_plugins=others)
+    return describe(cfg=cfg) or Workload(name=name, headline="", rate="")
+
+
+def check_mode(pm: PluginManager, mode: str) -> None:
+    """Fail with a clear error unless a plugin serves ``mode`` (it names the role plugin)."""
+    available = implementers(pm, "role")
+    if mode in available:
+        return
+    raise ConfigError(f"unknown mode '{mode}' (available: {', '.join(available)})")
+
+
+def process_launcher(pm: PluginManager, cfg):
+    """The process launcher ``cfg.cluster.launcher`` names (default ``processes``), from
+    every plugin's ``kspipe_process_launchers``; an unknown name is one line."""
+    name = cfg.cluster.get("launcher") or "processes"
+    launchers = {launcher.name: launcher
+                 for found in pm.hook.kspipe_process_launchers() for launcher in found or ()}
+    if name not in launchers:
+        raise ConfigError(f"cluster.launcher={name!r} is not one of "
+                          f"{', '.join(sorted(launchers))}")
+    return launchers[name]
+
+
 class Stages:
     """Calls each stage's chosen plugin, with the before/after/error hooks around it."""
 
@@ -109,7 +171,6 @@ class Stages:
             raise
         hook.kspipe_after_stage(stage=stage, cfg=self.cfg, result=result)
         return result
-
 
 
 def run_stages(cfg, stages: Stages, role, reporter) -> dict:
@@ -176,7 +237,3 @@ def collect_graphs(cfg, reporter) -> None:
             if not name.endswith(".dot"):
                 os.replace(os.path.join(folder, name), os.path.join(folder, name + ".dot"))
         reporter.artifact(folder, "graph")
-
-
-def default_run_dir() -> str:
-    return os.path.join("kspipe-runs", time.strftime("%Y-%m-%d_%H-%M-%S"))

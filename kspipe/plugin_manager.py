@@ -1,4 +1,9 @@
-"""The stage registry: built-in plugins, then installed ones, then a check for typos."""
+"""The registry: hook specs, built-in plugins, then installed ones, then a check for typos;
+and what it holds (the plugins serving a stage, the installed packages, their schemas).
+
+How a run uses it (a stage's one plugin, the workload, the process launcher) is the
+spine's business: :mod:`kspipe.pipeline`.
+"""
 
 from __future__ import annotations
 
@@ -117,50 +122,6 @@ def implementers(pm: pluggy.PluginManager, stage: str) -> list[str]:
     """Names of the registered plugins that implement ``stage``, sorted."""
     hook = getattr(pm.hook, STAGES[stage])
     return sorted(pm.get_name(impl.plugin) for impl in hook.get_hookimpls())
-
-
-def stage_caller(pm: pluggy.PluginManager, stage: str, plugin_name: str):
-    """Return a caller of ``stage``'s hook that reaches only the plugin ``plugin_name``."""
-    if stage not in STAGES:
-        raise ConfigError(f"unknown stage '{stage}' (stages: {', '.join(STAGES)})")
-    available = implementers(pm, stage)
-    if plugin_name not in available:
-        raise ConfigError(
-            f"stages.{stage}={plugin_name!r}: no installed plugin of that name serves the "
-            f"{stage} stage (available: {', '.join(available) or 'none'})"
-        )
-    others = [p for name, p in pm.list_name_plugin() if name != plugin_name]
-    return pm.subset_hook_caller(STAGES[stage], remove_plugins=others)
-
-
-def describe_workload(pm: pluggy.PluginManager, cfg):
-    """What the plugin serving ``cfg.stages.program`` declares of its workload."""
-    from kspipe.contracts import Workload
-
-    name = cfg.stages.program
-    others = [p for n, p in pm.list_name_plugin() if n != name]
-    describe = pm.subset_hook_caller("kspipe_describe_workload", remove_plugins=others)
-    return describe(cfg=cfg) or Workload(name=name, headline="", rate="")
-
-
-def check_mode(pm: pluggy.PluginManager, mode: str) -> None:
-    """Fail with a clear error unless a plugin serves ``mode`` (it names the role plugin)."""
-    available = implementers(pm, "role")
-    if mode in available:
-        return
-    raise ConfigError(f"unknown mode '{mode}' (available: {', '.join(available)})")
-
-
-def process_launcher(pm: pluggy.PluginManager, cfg):
-    """The process launcher ``cfg.cluster.launcher`` names (default ``processes``), from
-    every plugin's ``kspipe_process_launchers``; an unknown name is one line."""
-    name = cfg.cluster.get("launcher") or "processes"
-    launchers = {launcher.name: launcher
-                 for found in pm.hook.kspipe_process_launchers() for launcher in found or ()}
-    if name not in launchers:
-        raise ConfigError(f"cluster.launcher={name!r} is not one of "
-                          f"{', '.join(sorted(launchers))}")
-    return launchers[name]
 
 
 def plugin_schemas(pm: pluggy.PluginManager) -> dict:

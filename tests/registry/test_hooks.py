@@ -10,7 +10,8 @@ import pytest
 from kspipe import hookimpl, hookspecs
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
-from kspipe.plugin_manager import STAGES, check_mode, get_plugin_manager, stage_caller
+from kspipe.pipeline import check_mode, stage_caller
+from kspipe.plugin_manager import STAGES, get_plugin_manager
 from kspipe.testing import HookRecorder, plugin_manager
 
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)

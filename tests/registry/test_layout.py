@@ -1,0 +1,49 @@
+"""The layout's limits, kept by a check rather than by memory: no module of kspipe over 400
+lines, and the folders docs/design.md names each holding one concern's modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MOST_LINES = 400
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "kspipe").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in modules()
+            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert not long, f"modules over {MOST_LINES} lines (split them by concern): {long}"
+
+
+def test_each_concern_has_its_folder():
+    """The cluster's vocabulary, the launchers, the modes with the parameter servers'
+    exchange, MLflow and the command each live in a folder of their own."""
+    expected = {
+        "cluster": {"plan.py", "environment.py", "endpoints.py", "meeting.py"},
+        "launchers": {"watcher.py", "processes.py", "slurm.py", "paddle.py", "kubernetes.py"},
+        "modes": {"role.py", "job.py", "local.py", "pserver.py", "collective.py"},
+        "modes/ps": {"exchange.py", "dense.py", "summing.py", "tables.py"},
+        "observers/mlflow": {"tracking.py", "store.py", "serving.py"},
+        "cli": {"command.py", "plugins.py", "worker.py"},
+    }
+    for folder, names in expected.items():
+        present = {p.name for p in (ROOT / "kspipe" / folder).glob("*.py")}
+        assert names <= present, f"kspipe/{folder} lacks {sorted(names - present)}"
+
+
+def test_only_the_mlflow_folder_imports_mlflow():
+    """Every module that imports MLflow is in kspipe/observers/mlflow (the job's own
+    process never imports it)."""
+    outside = []
+    for path in modules():
+        relative = path.relative_to(ROOT / "kspipe")
+        if relative.parts[:2] == ("observers", "mlflow") or relative.parts[0] == "testing":
+            continue
+        text = path.read_text()
+        if "import mlflow" in text or "from mlflow" in text:
+            outside.append(str(relative))
+    assert not outside, f"modules outside kspipe/observers/mlflow import MLflow: {outside}"
