@@ -1,7 +1,8 @@
 """What the hooks pass around, as types a plugin author can read and check against.
 
-The concrete classes live with their concern (roles in :mod:`kspipe.modes.role`, the
-reporter in :mod:`kspipe.reporting`); these Protocols say what a plugin may rely on.
+The concrete classes live with their concern (the one-process role in :mod:`kspipe.role`,
+the modes' roles in :mod:`kspipe.modes`, the reporter in :mod:`kspipe.reporting`); these
+Protocols say what a plugin may rely on.
 """
 
 from __future__ import annotations
@@ -17,31 +18,94 @@ Config = Any
 
 @runtime_checkable
 class Role(Protocol):
-    """A process's place in a job and its mode's distribution (see :mod:`kspipe.modes.role`)."""
+    """A process's place in a job and its mode's distribution: every method a workload, or
+    a helper it calls, may use.  The base class, itself the one-process role, is
+    :class:`kspipe.role.Role`; each mode's role subclasses it."""
 
-    mode: str
-    is_cluster_job: bool
+    mode: str  #: the mode's name (``local``, ``pserver``, ``collective``)
+    is_cluster_job: bool  #: false: this process plays a part (see :class:`ClusterJob`)
 
+    # --- who am I
     def is_worker(self) -> bool: ...
     def is_server(self) -> bool: ...
-    def is_first_worker(self) -> bool: ...
+    def is_first_worker(self) -> bool:
+        """Whether this is worker 0, the one that saves, exports and records the run."""
+
     def worker_num(self) -> int: ...
     def worker_index(self) -> int: ...
-    def place(self) -> Any: ...
-    def split_files(self, files: list) -> list: ...
-    def all_gather(self, value: float) -> list: ...
-    def all_reduce_worker(self, input: np.ndarray, output: np.ndarray, mode: str = "sum") -> None: ...
+    def place(self) -> Any:
+        """The Paddle place this process computes on."""
+
+    def split_files(self, files: list) -> list:
+        """This worker's share of ``files``, in contiguous blocks."""
+
+    # --- the workers' collectives
+    def all_gather(self, value: float) -> list:
+        """Every worker's ``value``, in worker order."""
+
+    def all_reduce_worker(self, input: np.ndarray, output: np.ndarray,
+                          mode: str = "sum") -> None:
+        """``output`` becomes the workers' ``input`` combined by ``mode`` (sum, min, max)."""
+
     def barrier_worker(self) -> None: ...
-    def refuses(self, needs: frozenset, cfg: Config) -> str | None: ...
+
+    # --- distribution
+    def refuses(self, needs: frozenset, cfg: Config) -> str | None:
+        """Why this mode cannot give the workload its ``needs`` (:data:`NEEDS`); None if
+        it can (the pipeline asks before any process starts)."""
+
     def distributed_optimizer(self, optimizer: Any, strategy: dict | None = None,
-                              feeding: str = "executor") -> Any: ...
-    def parameter_sync(self, shapes: dict) -> Any: ...
+                              feeding: str = "executor") -> Any:
+        """``optimizer``, whose ``minimize(loss)`` writes the mode's exchange into the
+        program; ``feeding``: ``"executor"`` or ``"dataset"`` (``train_from_dataset``)."""
+
+    def parameter_sync(self, shapes: dict) -> ParameterSync:
+        """An exchange of the parameters ``shapes`` (``{name: shape}``) names, for a
+        workload that makes its own updates."""
+
     def embedding(self, ids: Any, size: list, param_attr: Any,
-                  feeding: str = "executor") -> Any: ...
-    def init_worker(self, scope: Any = None) -> None: ...
-    def finish_training(self, scope: Any = None) -> None: ...
-    def stop_worker(self, clean: bool = True) -> None: ...
-    def run_server(self, reporter: "Reporter") -> None: ...
+                  feeding: str = "executor") -> Any:
+        """An embedding table of ``size`` = [rows, width] where the mode keeps it, looked
+        up with the int64 ``ids``."""
+
+    def init_worker(self, scope: Any = None) -> None:
+        """After the startup program: ``scope`` then holds the job's starting parameters."""
+
+    def finish_training(self, scope: Any = None) -> None:
+        """After the training loop: ``scope`` then holds the model every worker trained."""
+
+    def stop_worker(self, clean: bool = True) -> None:
+        """Leave the job (the pipeline calls it)."""
+
+    def run_server(self, reporter: Reporter) -> None:
+        """A server's whole part in the job (the pipeline calls it)."""
+
+    # --- tables kept outside the workers' scopes (the parameter servers')
+    def settle_tables(self) -> None:
+        """Every worker: return once every worker's updates are in the job's tables."""
+
+    def save_tables(self, folder: str) -> None:
+        """The first worker, after :meth:`settle_tables`: write the tables into ``folder``
+        (``checkpoint.save(..., tables=role.save_tables)``)."""
+
+    def load_tables(self, folder: str, scope: Any = None) -> None:
+        """Every worker, after :meth:`init_worker`: the tables :meth:`save_tables` wrote
+        into ``folder`` become the job's (checked first)."""
+
+    def load_table_rows(self, rows: dict, folder: str) -> None:
+        """Every worker, after :meth:`init_worker`: the tables get ``rows`` (``{name: (ids,
+        embedding rows)}``) with fresh optimiser state; ``folder`` takes the files this
+        needs (``init_from=``, :mod:`kspipe.incremental`)."""
+
+
+@runtime_checkable
+class ParameterSync(Protocol):
+    """What :meth:`Role.parameter_sync` returns: ``step(scope)`` after each local update
+    combines the workers' parameters as the mode does."""
+
+    changes_parameters: bool  #: whether ``step`` may change the parameters in the scope
+
+    def step(self, scope: Any = None) -> None: ...
 
 
 @runtime_checkable
@@ -57,7 +121,7 @@ class ClusterJob(Protocol):
 
     is_cluster_job: bool
 
-    def launch(self, reporter: "Reporter") -> dict: ...
+    def launch(self, reporter: Reporter) -> dict: ...
     def refuses(self, needs: frozenset, cfg: Config) -> str | None: ...
 
     def is_first_worker(self) -> bool:

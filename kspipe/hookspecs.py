@@ -92,7 +92,7 @@ def kspipe_assign_role(cfg: Config, launcher: ProcessLauncher) -> Role | Cluster
         distribution: ``distributed_optimizer``, ``parameter_sync``, ``init_worker`` ...;
         base class :class:`kspipe.modes.role.Role`).  Or a
         :class:`kspipe.contracts.ClusterJob`, which starts the job's processes itself; the
-        pipeline then reports the launcher's result.
+        pipeline then reports the cluster job's result.
     """
 
 
@@ -192,7 +192,7 @@ def kspipe_check_config(cfg: Config) -> None:
 
     Called on every plugin; each checks what it serves (for a stage plugin: when
     ``cfg.stages`` names it) and raises :class:`kspipe.errors.ConfigError` with one
-    clear line.  A cluster's launcher calls it too, so a mistake stops the job before
+    clear line.  A cluster job's command calls it too, so a mistake stops the job before
     any process is started.
 
     :param cfg: the composed config.

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kspipe import checkpoint
+from kspipe.contracts import Role
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
+from kspipe.saved_tables import read_table_rows
 
 #: The folder OpenKS's ``save_persistables(exe, dir)`` writes ``persistables.pd*`` into.
 PERSISTABLES = "persistables"
@@ -50,7 +52,7 @@ class Start:
     rows: dict = field(default_factory=dict)
     folder: str = ""
 
-    def load_tables(self, role) -> None:
+    def load_tables(self, role: Role) -> None:
         """Every worker, after ``role.init_worker``: the servers' tables get their rows."""
         role.load_table_rows(self.rows, self.folder)
 
@@ -93,8 +95,6 @@ def state_prefix(path: str, key: str = "init_from") -> str:
 def read_saved(path: str, key: str = "init_from") -> SavedModel:
     """The model saved at ``path``: a ``save_persistables`` folder, a checkpoint, or a run
     folder (its newest checkpoint)."""
-    from kspipe.modes.ps.tables import read_table_rows
-
     label = f"{key}={path}"
     prefix = state_prefix(path, key)
     found = os.path.dirname(prefix)

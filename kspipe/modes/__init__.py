@@ -11,5 +11,7 @@ A mode is a plugin serving the ``role`` stage (``stages.role: ${mode}``).  Its r
                CPU, NCCL on GPU
 =============  ==========================================================================
 
-:mod:`kspipe.launchers.watcher` starts and watches every launcher's processes.
+Where the command starts a job's processes the role stage returns a
+:class:`kspipe.modes.job.ClusterJob`: the mode plans the processes, the process launcher
+(``cluster.launcher``, :mod:`kspipe.launchers`) starts and watches them.
 """

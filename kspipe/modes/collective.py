@@ -1,6 +1,6 @@
 """Mode ``collective``: data-parallel workers whose programs all-reduce, for any workload.
 
-Started without ``PADDLE_TRAINER_ID`` in the environment, the role stage is a launcher
+Started without ``PADDLE_TRAINER_ID`` in the environment, the role stage is a cluster job
 that starts ``workers`` processes (one per GPU of ``devices`` on a GPU build) with
 Paddle's collective environment contract (``PADDLE_TRAINER_ID``,
 ``PADDLE_TRAINER_ENDPOINTS``, ``PADDLE_CURRENT_ENDPOINT``).

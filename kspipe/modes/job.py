@@ -26,7 +26,7 @@ class ClusterJob:
         self.cfg, self.hosts, self.launcher = cfg, hosts, launcher
 
     def is_first_worker(self) -> bool:
-        """Whether worker 0 runs on this host (its launcher records the run)."""
+        """Whether worker 0 runs on this host (this command records the run)."""
         return self.hosts is None or self.hosts.is_first
 
     def refuses(self, needs, cfg) -> str | None:

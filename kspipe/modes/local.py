@@ -1,4 +1,5 @@
-"""Mode ``local``: one process is the only worker (stage ``role``).
+"""Mode ``local``: one process is the only worker (stage ``role``); its role is the core's
+one-process role, :class:`kspipe.role.Role`.
 
 With ``isolate`` (the default in a sweep) the command starts that process as a child of
 its own and watches it, so nothing a job leaves in its Paddle process (the dataset
@@ -14,8 +15,8 @@ from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ClusterError, KspipeError
 from kspipe.launchers.watcher import error_line
 from kspipe.modes.job import ClusterJob
-from kspipe.modes.role import Role
 from kspipe.reporting import say
+from kspipe.role import Role
 
 
 @hookimpl
@@ -38,7 +39,7 @@ class IsolatedJob(ClusterJob):
         child = OmegaConf.create(OmegaConf.to_container(self.cfg, resolve=True))
         with open_dict(child):
             child.isolate = False
-            child.workers = 1  # the launcher said it ignores the count
+            child.workers = 1  # the role stage said it ignores the count
         self.launcher.check(child, 1)
         try:
             return self.launcher.run(child, reporter, self.launcher.plan("local", child, 1),

@@ -1,6 +1,6 @@
 """Mode ``pserver``: parameter servers (Paddle fleet's the_one_ps, brpc) for any workload.
 
-Started without ``TRAINING_ROLE`` in the environment, the role stage is a launcher: it
+Started without ``TRAINING_ROLE`` in the environment, the role stage is a cluster job: it
 starts ``servers`` server and ``workers`` worker processes (``python -m kspipe.cli.worker``,
 each playing its role) and watches them.  In a server or worker process the role is a
 :class:`PserverRole`, which distributes the workload's training:
@@ -30,7 +30,8 @@ from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, chec
 from kspipe.launchers.hosts import job_hosts
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
-from kspipe.modes.ps.tables import FleetTables, check_manifest
+from kspipe.modes.ps.tables import FleetTables
+from kspipe.saved_tables import check_manifest
 
 
 @hookimpl

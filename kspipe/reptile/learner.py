@@ -15,42 +15,29 @@ from kspipe import checkpoint
 from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
-from kspipe.reptile.batched import (combine_lanes, lane_gather, lane_shares, tasks_together,
-                                     train_lanes)
+from kspipe.reptile.batched import (
+    combine_lanes,
+    lane_gather,
+    lane_shares,
+    tasks_together,
+    train_lanes,
+)
 from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
 from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
 from kspipe.reptile.tasks import training_task
-
-
-class Alone:
-    """The role of a learner outside a job (a test, a benchmark, a reference computation):
-    the one worker, with no tables to settle and no one to wait for."""
-
-    def worker_num(self) -> int:
-        return 1
-
-    def worker_index(self) -> int:
-        return 0
-
-    def settle_tables(self) -> None:
-        pass
-
-    def barrier_worker(self) -> None:
-        pass
-
-
-ALONE = Alone()
+from kspipe.role import Role
 
 
 class ReptileLearner(Adapter):
     """Meta-trains and evaluates one Reptile model inside a Paddle scope, as the worker
-    ``role`` of its job."""
+    ``role`` of its job (None: a learner outside a job, as a test, a benchmark or a
+    reference computation makes it: the one worker, :class:`kspipe.role.Role`)."""
 
-    def __init__(self, cfg, dataset, programs, executor, scope, reporter, role=ALONE):
+    def __init__(self, cfg, dataset, programs, executor, scope, reporter, role=None):
         super().__init__(cfg, programs, executor, scope)
         self.dataset = dataset
         self.reporter = reporter
-        self.role = role
+        self.role = role if role is not None else Role()
         self.tasks_done = 0
         in_training, self._in_evaluation = tasks_together(cfg)
         self.train_together = programs.batched.get(in_training)  # None: one task at a time

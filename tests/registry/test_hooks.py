@@ -48,9 +48,9 @@ class StageSpy:
         self.builtin = dict(get_plugin_manager(load_entrypoints=False).list_name_plugin())
 
     @hookimpl
-    def kspipe_assign_role(self, cfg):
+    def kspipe_assign_role(self, cfg, launcher):
         self.order.append("kspipe_assign_role")
-        return self.builtin["local"].kspipe_assign_role(cfg=cfg)
+        return self.builtin["local"].kspipe_assign_role(cfg=cfg, launcher=launcher)
 
     @hookimpl
     def kspipe_read_dataset(self, cfg, role):

@@ -1,12 +1,17 @@
 """The plugin contract: the import rules of docs/design.md hold (core modules import no
-plugin package, workloads import no mode, only the tracking observer's modules import
-MLflow, no import cycle).  (An installed plugin cannot take a built-in's name:
-test_entry_points.py.)"""
+plugin package, workloads import no mode, not even through the core, only the tracking
+observer's modules import MLflow, no import cycle), and ``kspipe.contracts.Role`` lists
+every method a workload calls on its role, which every mode's role offers.  (An installed
+plugin cannot take a built-in's name: test_entry_points.py.)"""
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
 
 import pytest
+
+from kspipe import contracts
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kspipe"
@@ -48,9 +53,9 @@ def imports(module: str, module_level: bool = True, skip_functions: tuple = ()) 
 
     def visit(node):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                if module_level or getattr(child, "name", None) in skip_functions:
-                    continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and (
+                    module_level or getattr(child, "name", None) in skip_functions):
+                continue
             if isinstance(child, ast.If) and is_type_checking(child):
                 continue
             if isinstance(child, ast.Import):
@@ -78,7 +83,8 @@ def within(name: str, packages) -> bool:
 PLUGIN_PACKAGES = ("kspipe.modes", "kspipe.reptile", "kspipe.ctr", "kspipe.datafeed",
                    "kspipe.fewshot", "kspipe.observers", "kspipe.openks")
 CORE = ("pipeline", "plugin_manager", "hookspecs", "contracts", "errors", "config", "files",
-        "reporting", "checkpoint", "inference", "compiling")
+        "reporting", "checkpoint", "inference", "compiling", "role", "incremental",
+        "saved_tables")
 WORKLOADS = ("kspipe.reptile", "kspipe.ctr")
 MODES = ("kspipe.modes",)
 
@@ -110,6 +116,36 @@ def test_workloads_import_no_mode():
     assert not bad, f"workloads import modes (ask the role instead): {bad}"
 
 
+#: Where the core lists the built-in plugins (to register them and their config schemas):
+#: the registry may name every plugin, a workload reaching it reaches no mode's code.
+REGISTRY = {"kspipe.plugin_manager": ("builtin_plugins",), "kspipe.schema": ("register_schemas",)}
+
+
+def reached(module: str, graph: dict[str, set[str]]) -> set[str]:
+    """The modules ``module`` imports, anywhere in them, and those they import in turn,
+    through every module but the plugin packages (a workload's own modules, the core)."""
+    seen, todo = set(), [module]
+    while todo:
+        for imported in graph[todo.pop()] - seen:
+            seen.add(imported)
+            if not within(imported, PLUGIN_PACKAGES) or within(imported, WORKLOADS):
+                todo.append(imported)
+    return seen
+
+
+def test_workloads_reach_no_mode_through_another_module():
+    """A core module a workload imports (``kspipe.incremental``, ``kspipe.checkpoint``
+    ...) imports no mode either, not even inside a function, but where the registry lists
+    the built-in plugins; the walk is seen to follow the imports."""
+    graph = import_graph(skip=REGISTRY)
+    bad = {module: sorted(m for m in reached(module, graph) if within(m, MODES))
+           for module in MODULES if within(module, WORKLOADS)}
+    bad = {module: modes for module, modes in bad.items() if modes}
+    assert not bad, f"workloads reach modes through other modules: {bad}"
+    assert "kspipe.role" in reached("kspipe.reptile.learner", graph)
+    assert "kspipe.saved_tables" in reached("kspipe.ctr.plugin", graph)
+
+
 def test_modes_import_no_workload_or_data_set():
     bad = [f"{module} line {line}: {imported}"
            for module in MODULES if within(module, MODES)
@@ -127,12 +163,13 @@ def test_nothing_outside_the_observers_imports_them_at_module_level():
 
 
 def test_only_the_tracking_observer_imports_mlflow():
-    """Only kspipe/observers/mlflow/store.py, recorder.py and serving.py import MLflow (anywhere
-    in them, inside functions too), in kspipe and in the shipped plugins; each of the three
-    does, so the rule sees the imports."""
+    """Only kspipe/observers/mlflow/store.py, record.py (the recorder's process) and
+    serving.py import MLflow (anywhere in them, inside functions too), in kspipe and in the
+    shipped plugins; each of the three does, so the rule sees the imports."""
     sources = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
     sources += [p for p in (ROOT / "plugins").glob("*/kspipe_*/**/*.py")]
-    allowed = {PACKAGE / "observers" / name for name in ("store.py", "recorder.py", "serving.py")}
+    allowed = {PACKAGE / "observers" / "mlflow" / name
+               for name in ("store.py", "record.py", "serving.py")}
     importers, bad = set(), []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -143,15 +180,18 @@ def test_only_the_tracking_observer_imports_mlflow():
                 importers.add(path)
                 if path not in allowed:
                     bad.append(f"{path.relative_to(ROOT)} line {node.lineno}")
-    assert not bad, ("only kspipe/observers/mlflow/store.py, recorder.py and serving.py may import "
-                     f"mlflow: {bad}")
+    assert not bad, ("only kspipe/observers/mlflow/store.py, record.py and serving.py may "
+                     f"import mlflow: {bad}")
     assert importers == allowed, sorted(str(p.relative_to(ROOT)) for p in allowed - importers)
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(skip: dict | None = None) -> dict[str, set[str]]:
     """Which kspipe modules each imports, anywhere in it (inside functions too: an import
-    deferred into a function is still a dependency, only a later one)."""
-    return {module: {imported for imported, _ in imports(module, module_level=False)
+    deferred into a function is still a dependency, only a later one), but in the
+    functions ``skip`` names (``{module: function names}``)."""
+    skip = skip or {}
+    return {module: {imported for imported, _ in imports(module, module_level=False,
+                                                         skip_functions=skip.get(module, ()))
                      if imported in MODULES and imported != module}
             for module in MODULES}
 
@@ -196,3 +236,86 @@ def test_kspipe_modules_import_one_another_without_a_cycle():
     graph = import_graph()
     assert sum(len(v) for v in graph.values()) > 20  # the graph saw the imports
     assert not cycles(graph), f"import cycles among kspipe modules: {cycles(graph)}"
+
+
+# --- the role contract --------------------------------------------------------------
+
+#: Where workloads and the helpers they call ask their role for something.
+ROLE_CALLERS = [*sorted((PACKAGE / "reptile").glob("*.py")),
+                *sorted((PACKAGE / "ctr").glob("*.py")),
+                *sorted((ROOT / "plugins" / "kspipe-classifier").glob("kspipe_classifier/*.py")),
+                *sorted((ROOT / "tests" / "plugins" / "bags").glob("kspipe_bags/*.py")),
+                PACKAGE / "incremental.py", PACKAGE / "checkpoint.py"]
+
+
+def role_calls(path: Path) -> set[str]:
+    """The attributes ``path`` takes of a role: ``role.x`` and ``<anything>.role.x``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            of = node.value
+            if (isinstance(of, ast.Name) and of.id == "role") or (
+                    isinstance(of, ast.Attribute) and of.attr == "role"):
+                found.add(node.attr)
+    return found
+
+
+def members(protocol) -> set[str]:
+    """The attributes and methods a Protocol names."""
+    return {name for name in vars(protocol) if not name.startswith("_")} | set(
+        getattr(protocol, "__annotations__", {}))
+
+
+def test_every_role_call_of_a_workload_is_in_the_contract():
+    contract = members(contracts.Role)
+    calls = {path: role_calls(path) - contract for path in ROLE_CALLERS}
+    bad = {str(path.relative_to(ROOT)): sorted(names) for path, names in calls.items() if names}
+    assert not bad, f"workloads call role methods that kspipe.contracts.Role lacks: {bad}"
+    seen = set().union(*(role_calls(path) for path in ROLE_CALLERS))
+    assert {"settle_tables", "save_tables", "load_tables", "load_table_rows",
+            "parameter_sync", "embedding"} <= seen  # the walk sees the calls
+
+
+#: The built-in roles: the one-process role (``mode=local``) and the distributed modes'.
+ROLES = ("kspipe.role:Role", "kspipe.modes.pserver:PserverRole",
+         "kspipe.modes.collective:CollectiveRole")
+
+
+def accepts(method, wanted) -> str:
+    """What ``method`` lacks of the Protocol method ``wanted``'s parameters ('' if none):
+    each by name, in its place, with a default where the Protocol has one; and no more
+    parameters without a default."""
+    empty = inspect.Parameter.empty
+    have = list(inspect.signature(method).parameters.values())
+    want = list(inspect.signature(wanted).parameters.values())
+    for i, parameter in enumerate(want):
+        if i >= len(have) or have[i].name != parameter.name:
+            return f"no parameter {parameter.name} in place {i}"
+        if parameter.default is not empty and have[i].default is empty:
+            return f"no default for {parameter.name}"
+    extra = [p.name for p in have[len(want):]
+             if p.default is empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return f"parameters the contract does not give: {extra}" if extra else ""
+
+
+@pytest.mark.parametrize("name", ROLES)
+def test_every_mode_role_offers_the_contract(name):
+    module, _, attribute = name.partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    missing = sorted(member for member in members(contracts.Role) if not hasattr(cls, member))
+    assert not missing, f"{name} lacks {missing}"
+    wrong = {method: accepts(getattr(cls, method), getattr(contracts.Role, method))
+             for method in members(contracts.Role)
+             if callable(getattr(contracts.Role, method, None))}
+    wrong = {method: why for method, why in wrong.items() if why}
+    assert not wrong, f"{name}'s methods differ from kspipe.contracts.Role: {wrong}"
+
+
+def test_local_mode_and_workloads_share_the_one_process_role():
+    """``mode=local`` and a learner outside a job use the core's one class, not a copy."""
+    from kspipe.modes import local, role
+    from kspipe.role import Role
+
+    assert isinstance(Role(), contracts.Role)
+    assert isinstance(Role().parameter_sync({}), contracts.ParameterSync)
+    assert local.Role is Role and role.Role is Role

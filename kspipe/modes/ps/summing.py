@@ -1,11 +1,22 @@
-"""A sum of the workers' arrays in a fixed order, over plain TCP sockets.
+"""A sum of the workers' arrays in worker order, along a chain of TCP links, with no hub.
 
 The parameter servers' sync and geo rounds sum every worker's change (float64) each step.
 Fleet's gloo collectives take Python lists (``fleet.util.all_reduce`` converts every element
-both ways and meets at a barrier first): 18 of a 22 ms step for 112,451 parameters.  Here
-worker 0 listens on a port of its own host (announced once through fleet's gloo), each
-other worker sends its array's bytes, worker 0 adds them in worker order (so the result is
-the same bit for bit on every run, whatever order they arrive in) and sends the sum back.
+both ways and meets at a barrier first): 18 of a 22 ms step for 112,451 parameters.
+
+Here the workers form a chain, worker ``i`` linked to ``i + 1`` (each listens on its own
+endpoint's address, announced once through fleet's gloo).  A round moves the array a chunk
+at a time, pipelined: going up the chain, worker ``i`` adds its chunk to the partial sum of
+the workers before it and passes it on, so the last worker holds ``((v0 + v1) + v2) + ...``,
+the workers' values added in worker order (the same bit for bit on every run, and what a
+hub adding them in that order gives); coming back down, each passes the total on.  Every
+link carries the array once each way whatever the number of workers, where a hub's own
+link carries it once each way per other worker: the round's time grows with the chain's
+length by a chunk per hop, not by a whole array per worker (BENCHMARKS.md).
+
+Both ends know how many bytes a round moves (the array's size, the same on every worker),
+so nothing a peer sends is read as a length; a link is taken only from the worker before
+in the chain, which names itself first.
 """
 
 from __future__ import annotations
@@ -17,7 +28,12 @@ import numpy as np
 
 from kspipe.errors import ClusterError
 
-HEADER = struct.Struct("!Q")  # the length in bytes of what follows
+HELLO = struct.Struct("!Q")  # the connecting worker's index
+#: How much a round moves at a time: small enough that the chain's later links start
+#: early (the pipeline fills in a chunk per hop), large enough that Python's overhead per
+#: chunk is small beside moving it.
+CHUNK_BYTES = 1 << 18
+ACCEPT_TIMEOUT_S = 300.0
 
 
 class WorkerSum:
@@ -25,67 +41,94 @@ class WorkerSum:
 
     def __init__(self, role):
         self.index, self.count = role.worker_index(), role.worker_num()
-        self.peers: list[socket.socket] = []  # worker 0: the others, in worker order
-        self.link: socket.socket | None = None  # the others: their link to worker 0
-        host = role.get_trainer_endpoints()[0].rsplit(":", 1)[0]
-        listener = None
-        port = 0
-        if self.index == 0 and self.count > 1:
-            listener = socket.create_server((host, 0), backlog=self.count)
+        self.previous: socket.socket | None = None  # the link to worker index - 1
+        self.next: socket.socket | None = None  # the link to worker index + 1
+        endpoints = role.get_trainer_endpoints()
+        listener, port = None, 0
+        if self.index > 0:
+            host = endpoints[self.index].rsplit(":", 1)[0]
+            listener = socket.create_server((host, 0), backlog=4)
             port = listener.getsockname()[1]
-        port = int(max(role.all_gather(port)))
+        ports = [int(p) for p in role.all_gather(port)]
         if self.count == 1:
             return
+        if self.index + 1 < self.count:
+            host = endpoints[self.index + 1].rsplit(":", 1)[0]
+            self.next = socket.create_connection((host, ports[self.index + 1]))
+            self.next.sendall(HELLO.pack(self.index))
+            _quick(self.next)
         if listener is not None:
             with listener:
-                by_index = {}
-                for _ in range(self.count - 1):
-                    peer, _ = listener.accept()
-                    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    by_index[HEADER.unpack(receive(peer, HEADER.size))[0]] = peer
-                self.peers = [by_index[i] for i in range(1, self.count)]
-        else:
-            self.link = socket.create_connection((host, port))
-            self.link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.link.sendall(HEADER.pack(self.index))
+                self.previous = accept_from(listener, self.index - 1)
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         """Every worker's ``values`` (float64, the same shape on each) summed in worker order."""
         values = np.ascontiguousarray(values, np.float64)
-        if self.count == 1:
-            return values.copy()
-        if self.link is not None:
-            send(self.link, values.tobytes())
-            return np.frombuffer(receive_message(self.link), np.float64).reshape(values.shape)
         total = values.copy()
-        for peer in self.peers:
-            total += np.frombuffer(receive_message(peer), np.float64).reshape(values.shape)
-        data = total.tobytes()
-        for peer in self.peers:
-            send(peer, data)
+        if self.count == 1:
+            return total
+        flat, own = total.reshape(-1), values.reshape(-1)
+        step = max(1, CHUNK_BYTES // flat.itemsize)
+        chunks = [(at, min(at + step, flat.size)) for at in range(0, flat.size, step)]
+        partial = np.empty(min(step, flat.size), np.float64)
+        for start, end in chunks:  # up the chain: the partial sums
+            if self.previous is not None:
+                received = partial[:end - start]
+                receive_into(self.previous, received)
+                np.add(received, own[start:end], out=flat[start:end])
+            if self.next is not None:
+                self.next.sendall(memoryview(flat[start:end]).cast("B"))
+        for start, end in chunks:  # down the chain: the total
+            if self.next is not None:
+                receive_into(self.next, flat[start:end])
+            if self.previous is not None:
+                self.previous.sendall(memoryview(flat[start:end]).cast("B"))
         return total
 
     def close(self) -> None:
-        for peer in self.peers + ([self.link] if self.link else []):
-            peer.close()
-        self.peers, self.link = [], None
+        for link in (self.previous, self.next):
+            if link is not None:
+                link.close()
+        self.previous = self.next = None
 
 
-def send(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(HEADER.pack(len(data)) + data)
+def accept_from(listener: socket.socket, index: int) -> socket.socket:
+    """The first connection to ``listener`` that names itself worker ``index``; any other
+    is closed unread beyond its greeting."""
+    listener.settimeout(ACCEPT_TIMEOUT_S)
+    while True:
+        try:
+            peer, _ = listener.accept()
+        except TimeoutError as err:
+            raise ClusterError(f"worker {index} did not join the sync chain within "
+                               f"{ACCEPT_TIMEOUT_S:.0f} s") from err
+        peer.settimeout(ACCEPT_TIMEOUT_S)
+        try:
+            (named,) = HELLO.unpack(receive(peer, HELLO.size))
+        except (ClusterError, OSError):
+            named = None
+        if named == index:
+            peer.settimeout(None)
+            _quick(peer)
+            return peer
+        peer.close()
 
 
-def receive_message(sock: socket.socket) -> bytes:
-    (size,) = HEADER.unpack(receive(sock, HEADER.size))
-    return receive(sock, size)
+def _quick(link: socket.socket) -> None:
+    link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def receive(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
+def receive_into(sock: socket.socket, out: np.ndarray) -> None:
+    """Fill ``out`` with the next ``out.nbytes`` bytes from ``sock``."""
+    view, got, size = memoryview(out).cast("B"), 0, out.nbytes
     while got < size:
         n = sock.recv_into(view[got:], size - got)
         if not n:
             raise ClusterError("a worker left the job in the middle of a sync round")
         got += n
-    return bytes(buffer)
+
+
+def receive(sock: socket.socket, size: int) -> bytes:
+    buffer = np.empty(size, np.uint8)
+    receive_into(sock, buffer)
+    return buffer.tobytes()

@@ -1,18 +1,25 @@
 """Fleet's own tables, for workloads trained with ``train_from_dataset``: the async
-transpiling (:class:`FleetTables`) and the servers' table files a checkpoint holds (each
-server's shard of every table, a manifest beside them, a sparse table's rows as text).
+transpiling (:class:`FleetTables`), whose servers write and load the table files a
+checkpoint holds (what those files are, and how kspipe checks and reads them:
+:mod:`kspipe.saved_tables`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 
-from kspipe.errors import ClusterError, ConfigError
+from kspipe.errors import ClusterError
 from kspipe.modes.ps.dense import CLIENT_FLAGS, pull_all_dense
 from kspipe.modes.role import ParameterSync
+from kspipe.saved_tables import (
+    SPARSE_TABLE,
+    check_manifest,
+    missing_shard,
+    read_manifest,
+    write_manifest,
+    write_table_rows,
+)
 
 #: A worker's dense pushes so far (an ``increment`` op in its program, once per batch).
 PUSHES = "_kspipe_dense_pushes"
@@ -192,165 +199,3 @@ class FleetTables(ParameterSync):
             self.role.fleet.fleet._runtime_handle._worker.stop_server()
         self.role.fleet.stop_worker()
         self.connected = False
-
-
-MANIFEST = "manifest.json"
-SPARSE_TABLE = "MemorySparseTable"
-
-
-def write_manifest(folder: str, layout: list, servers: int, rules: dict,
-                   dense_pushes: int = 0) -> None:
-    """``folder/manifest.json``: the tables' layout and rules, the servers, every file's
-    size and the dense pushes the tables took (Adam's powers, which Paddle does not save)."""
-    files = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            files[os.path.relpath(path, folder)] = os.path.getsize(path)
-    with open(os.path.join(folder, MANIFEST), "w") as f:
-        json.dump({"servers": servers, "layout": [list(t) for t in layout], "rules": rules,
-                   "files": files, "dense_pushes": dense_pushes}, f)
-
-
-def read_manifest(folder: str) -> dict:
-    """The manifest of the tables in ``folder`` (checked by :func:`check_manifest`)."""
-    with open(os.path.join(folder, MANIFEST)) as f:
-        return json.load(f)
-
-
-# --- a sparse table's rows in the servers' own files ---------------------------------
-#
-# A server writes each row of a sparse table (Paddle's CtrCommonAccessor) as one text line:
-# the id, then slot, unseen days, delta score, show, click, embed_w, the embed rule's state,
-# the embedx_w values and the embedx rule's state.  The embedding row a lookup returns is
-# embed_w followed by embedx_w.  Row k lives on server k % servers.
-
-HEADER = 5  # slot, unseen days, delta score, show, click
-
-
-def rule_state(rule: str, width: int, beta1: float, beta2: float) -> list:
-    """A fresh row's optimiser state under the server rule ``rule`` for ``width`` weights."""
-    fresh = {"SparseNaiveSGDRule": [], "SparseAdaGradSGDRule": [0.0],
-             "StdAdaGradSGDRule": [0.0] * width,
-             "SparseAdamSGDRule": [0.0] * (2 * width) + [beta1, beta2],
-             "SparseSharedAdamSGDRule": [0.0, 0.0, beta1, beta2]}
-    if rule not in fresh:
-        raise ConfigError(f"the servers' sparse rule {rule} is not one kspipe can write "
-                          f"rows for ({', '.join(fresh)})")
-    return fresh[rule]
-
-
-def read_table_rows(folder: str) -> dict:
-    """``{table name: (ids, embedding rows)}`` of every sparse table saved in ``folder``
-    (checked against its manifest first)."""
-    import gzip
-
-    import numpy as np
-
-    with open(os.path.join(folder, MANIFEST)) as f:
-        saved = json.load(f)
-    check_manifest(folder, saved.get("servers"))
-    if "rules" not in saved:
-        raise ConfigError(f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "
-                          f"the tables' rules: these tables can only be resumed")
-    tables = {}
-    for table_id, _, name, _, embedx, _ in (t for t in saved["layout"] if t[1] == SPARSE_TABLE):
-        embed_rule, embedx_rule, beta1, beta2 = saved["rules"][name]
-        embedx_at = HEADER + 1 + len(rule_state(embed_rule, 1, beta1, beta2))
-        ids, rows = [], []
-        shards = os.path.join(folder, f"{table_id:03d}")
-        for file in sorted(os.listdir(shards)):
-            with gzip.open(os.path.join(shards, file), "rt") as lines:
-                for line in lines:
-                    values = line.split()
-                    ids.append(int(values[0]))
-                    rows.append([values[1 + HEADER]] + values[1 + embedx_at:
-                                                               1 + embedx_at + embedx])
-        tables[name] = (np.array(ids, np.int64),
-                        np.array(rows, np.float32).reshape(len(ids), embedx + 1))
-    return tables
-
-
-def write_table_rows(folder: str, tables: dict, layout: list, rules: dict,
-                     servers: int) -> list:
-    """Write ``tables`` (``{name: (ids, rows)}``) as the servers' files of the job's
-    ``layout``, split over ``servers``; return the table ids written."""
-    import gzip
-
-    import numpy as np
-
-    written = []
-    for table_id, _, name, _, embedx, _ in (t for t in layout if t[1] == SPARSE_TABLE):
-        if name not in tables:
-            continue
-        ids, rows = tables[name]
-        embed_rule, embedx_rule, beta1, beta2 = rules[name]
-        if rows.shape[1] != embedx + 1:
-            raise ConfigError(f"table {name}: rows of width {rows.shape[1]} given, the "
-                              f"servers hold {embedx + 1}")
-        embed_state = [repr(v) for v in rule_state(embed_rule, 1, beta1, beta2)]
-        embedx_state = [repr(v) for v in rule_state(embedx_rule, embedx, beta1, beta2)]
-        shards = os.path.join(folder, f"{table_id:03d}")
-        os.makedirs(shards, exist_ok=True)
-        for server in range(servers):
-            with gzip.open(os.path.join(shards, f"part-{server:03d}-{server:05d}.gz"), "wt",
-                           compresslevel=1) as f:
-                for i in np.flatnonzero(ids % servers == server):
-                    weights = [repr(float(v)) for v in rows[i]]
-                    f.write(" ".join([str(int(ids[i])), "0", "0", "0", "0", "0", weights[0],
-                                      *embed_state, *weights[1:], *embedx_state]) + "\n")
-        written.append(table_id)
-    return written
-
-
-SHARD_FILE = re.compile(r"part-(\d+)")  # part-<server>.gz, part-<server>-<shard>.gz
-
-
-def missing_shard(folder: str, layout: list, servers: int) -> str:
-    """The first table shard that is not in ``folder`` (each server writes
-    ``<table id>/part-<server>...`` of every table of values), as a message; '' if none is
-    missing."""
-    for table in layout:
-        if not table[1].endswith(("SparseTable", "DenseTable")):
-            continue  # tables that hold no values (the barrier table)
-        shards = os.path.join(folder, f"{table[0]:03d}")
-        names = os.listdir(shards) if os.path.isdir(shards) else []
-        written = {int(m.group(1)) for m in map(SHARD_FILE.match, names) if m}
-        for server in range(servers):
-            if server not in written:
-                return f"{shards}: server {server}'s shard of table {table[2]} is missing"
-    return ""
-
-
-def check_manifest(folder: str, servers: int, layout: list | None = None) -> None:
-    """One line, naming the file, for tables this job cannot load from ``folder`` (of
-    another number of servers, a shard missing or damaged, and, given the job's ``layout``,
-    of another model)."""
-    file = os.path.join(folder, MANIFEST)
-    try:
-        with open(file) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read the servers' tables' manifest {file} "
-                          f"({type(err).__name__}): was the checkpoint written by a "
-                          f"mode=pserver job?") from err
-    if saved.get("servers") != servers:
-        raise ConfigError(f"{file}: the tables were saved by {saved.get('servers')} server(s), "
-                          f"this job has {servers}: resume it with servers="
-                          f"{saved.get('servers')}, or start a new run from it with "
-                          f"init_from= (any number of servers)")
-    if layout is not None and [tuple(t[:5]) + (tuple(t[5]),)
-                               for t in saved.get("layout", [])] != list(layout):
-        raise ConfigError(f"{file}: the tables were saved by another model (another table "
-                          f"layout: {saved.get('layout')} there, {[list(t) for t in layout]} "
-                          f"here)")
-    missing = missing_shard(folder, saved.get("layout", []), servers)
-    if missing:
-        raise ConfigError(missing)
-    for name, size in sorted(saved.get("files", {}).items()):
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path}: a server's table shard is missing")
-        if os.path.getsize(path) != size:
-            raise ConfigError(f"{path}: a server's table shard is damaged ({os.path.getsize(path)} "
-                              f"bytes, {size} were written)")
