@@ -1,6 +1,7 @@
-"""The ``kspipe`` command (and ``python -m kspipe``): :func:`kspipe.cli.main`, with a stop
-asked for while the command's own modules import (Ctrl-C as soon as it is typed, SIGTERM)
-said in one line, as :func:`kspipe.cli.main` says a stop that comes later."""
+"""The ``kspipe`` command (and ``python -m kspipe``): :func:`kspipe.cli.command.main`, with
+a stop asked for while the command's own modules import (Ctrl-C as soon as it is typed,
+SIGTERM) said in one line, as :func:`kspipe.cli.command.main` says a stop that comes
+later."""
 
 from __future__ import annotations
 

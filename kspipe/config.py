@@ -2,7 +2,7 @@
 
 Types and known keys are the schema's (:mod:`kspipe.schema`): Hydra refuses a mistake while
 it composes, and :func:`compose` says which ``key=value`` in one line.  Ranges are each
-workload's and mode's ``kspipe_check_config``, helped by :func:`check_keys`.
+workload's and mode's ``kspipe_check_config``, helped by :func:`kspipe.errors.check_keys`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from kspipe.errors import ConfigError, check_integer, first_line
+from kspipe.errors import ConfigError, first_line
 
 
 def compose(overrides=(), config_dirs=(), schemas=None):
@@ -150,20 +150,3 @@ def validate(cfg) -> None:
 
     for key in ("workers", "servers"):
         parse_endpoints(cfg.get(key), key)
-
-
-def check_keys(cfg, minimums: dict, numbers: tuple = ()) -> None:
-    """Each ``key: minimum`` of ``minimums`` an integer of at least that; ``numbers`` at least 0."""
-    for key, minimum in minimums.items():
-        check_integer(lookup(cfg, key), key, minimum)
-    for key in numbers:
-        from kspipe.errors import check_number
-
-        check_number(lookup(cfg, key), key, 0)
-
-
-def lookup(cfg, key: str):
-    value = cfg
-    for part in key.split("."):
-        value = value.get(part) if hasattr(value, "get") else None
-    return value

@@ -76,3 +76,19 @@ def check_number(value, key: str, minimum: float = 0, above: bool = False) -> fl
     if value < minimum or (above and value == minimum):
         raise ConfigError(f"{key}={value} must be {'more than' if above else 'at least'} {minimum}")
     return value
+
+
+def check_keys(cfg, minimums: dict, numbers: tuple = ()) -> None:
+    """Each ``key: minimum`` of ``minimums`` an integer of at least that; ``numbers`` at least 0."""
+    for key, minimum in minimums.items():
+        check_integer(lookup(cfg, key), key, minimum)
+    for key in numbers:
+        check_number(lookup(cfg, key), key, 0)
+
+
+def lookup(cfg, key: str):
+    """The value at the dotted ``key`` of ``cfg``, or None where a part of it is missing."""
+    value = cfg
+    for part in key.split("."):
+        value = value.get(part) if hasattr(value, "get") else None
+    return value

@@ -50,6 +50,13 @@ def kspipe_config_schemas() -> dict[str, type]:
     Each becomes a typed key of the config before the experiment and the command line are
     merged in, so a misspelt key or a value of the wrong type in the group is refused in
     one line, as in kspipe's own groups, and every field's default is in the config.
+    kspipe's built-in plugins declare their groups here too; a group of theirs is kspipe's
+    own, which an installed plugin cannot declare.
+
+    Several plugins may declare one group, each with a dataclass of keys of its own: the
+    group then has the keys of all of them, in the order the plugins were registered (as
+    ``cluster`` has the modes' keys, then the launchers').  A dataclass several plugins
+    return counts once; a key two dataclasses declare is refused in one line.
     """
 
 

@@ -20,6 +20,7 @@ two commands started in the same second get two folders (:func:`new_folder`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -53,31 +54,28 @@ def digest(text: str, length: int = 8) -> str:
 
 def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
                launcher: str | None = None, mode: str | None = None, overrides: str = "",
-               env=os.environ) -> str:
+               env=os.environ, *, make: bool = True) -> str:
     """Where a command run with the Hydra config writes: ``run_dir`` if given; the job's
     folder for a role started by a scheduler, and for a ``cluster.launcher=slurm`` job in
     its allocation (a requeued job finds its checkpoints there); else a new folder named
-    by the time."""
+    by the time, made here unless ``make`` is False (a command that only prints its
+    config), which names it and makes nothing."""
     if run_dir:
         return os.path.expanduser(str(run_dir))
     if environment.given(mode, env) or (launcher == "slurm" and env.get("SLURM_JOB_ID")):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id(given_job_id, env, overrides))
         return os.path.join("outputs", f"job-{name}")
-    return new_folder(os.path.join("outputs", time.strftime("%Y-%m-%d"),
-                                   time.strftime("%H-%M-%S")))
+    name = os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+    return new_folder(name) if make else name
 
 
 _made: dict[str, str] = {}  # the folder new_folder made in this process, by its path
-#: whether new_folder makes folders (not in a command that only prints its config)
-making = True
 
 
 def new_folder(name: str) -> str:
     """``name``, or ``name-2``, ``name-3`` ...: the first that no other process has made,
     made here (a folder is made once: two commands started in the same second get one
     each); the same folder each time this process asks for ``name`` from one place."""
-    if not making:
-        return name
     key = os.path.abspath(name)
     if key not in _made:
         os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
@@ -104,10 +102,13 @@ def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
     return run_dir if checkpoint.checkpoints(os.path.join(run_dir, "checkpoints")) else None
 
 
-def register_resolver() -> None:
+def register_resolver(make: bool = True) -> None:
     """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>,<mode>,
-    <the command's overrides>}`` known to OmegaConf."""
+    <the command's overrides>}`` known to OmegaConf: :func:`run_folder`, which makes the
+    new folder it names unless ``make`` is False.  Registering again replaces it: the
+    ``kspipe`` command registers it last, saying whether its job may run."""
     from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver(RESOLVER):  # cached: one folder, however often it is read
-        OmegaConf.register_new_resolver(RESOLVER, run_folder, use_cache=True)
+    resolver = run_folder if make else functools.partial(run_folder, make=False)
+    # cached: one folder for a config, however often it is read
+    OmegaConf.register_new_resolver(RESOLVER, resolver, use_cache=True, replace=True)

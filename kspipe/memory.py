@@ -43,11 +43,11 @@ EXECUTOR_DEFAULTS = {SERIAL_ENV: "1",  # operators on the thread that runs the p
                      FREE_ENV: "0.001"}  # dead tensors freed a megabyte at a time
 
 
-def cap_arenas() -> bool:
+def cap_arenas(env=os.environ) -> bool:
     """Cap this process's malloc arenas at its cores (at least two), before its threads
-    start; nothing where the user set ``MALLOC_ARENA_MAX`` or the C library is not glibc.
-    Returns whether the cap was set."""
-    if os.environ.get(ARENA_ENV):
+    start; nothing where the user set ``MALLOC_ARENA_MAX`` (in ``env``, this process's
+    environment) or the C library is not glibc.  Returns whether the cap was set."""
+    if env.get(ARENA_ENV):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -64,9 +64,9 @@ def threaded_executor() -> None:
     paddle.set_flags({SERIAL_ENV: False})
 
 
-def executor_defaults() -> None:
-    """Paddle's executor as kspipe runs it, in this process, before Paddle loads: operators
-    on the calling thread, dead tensors freed a megabyte at a time
-    (:data:`EXECUTOR_DEFAULTS`), each unless the user set it."""
+def executor_defaults(env=os.environ) -> None:
+    """Paddle's executor as kspipe runs it, set in ``env`` (this process's environment,
+    before Paddle loads): operators on the calling thread, dead tensors freed a megabyte at
+    a time (:data:`EXECUTOR_DEFAULTS`), each unless the user set it."""
     for name, value in EXECUTOR_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+        env.setdefault(name, value)

@@ -124,19 +124,23 @@ def implementers(pm: pluggy.PluginManager, stage: str) -> list[str]:
     return sorted(pm.get_name(impl.plugin) for impl in hook.get_hookimpls())
 
 
-def plugin_schemas(pm: pluggy.PluginManager) -> dict:
-    """``{group: dataclass}`` of every plugin's ``kspipe_config_schemas``; a group declared
-    twice or as a non-dataclass is one line."""
+def plugin_schemas(pm: pluggy.PluginManager, builtin: bool = False) -> dict:
+    """``{group: [dataclass, ...]}`` that the installed plugins declare with
+    ``kspipe_config_schemas`` (``builtin``: that the built-in ones declare, kspipe's own
+    groups), each group's in the order the plugins were registered; a dataclass several
+    return counts once.  One that is not a dataclass is one line.  Several of one group are
+    one dataclass of all their keys (:func:`kspipe.schema.joined`)."""
     import dataclasses
 
+    names = {name for name, _ in builtin_plugins()}
     schemas: dict = {}
-    for found in pm.hook.kspipe_config_schemas():
-        for group, schema in (found or {}).items():
+    for impl in pm.hook.kspipe_config_schemas.get_hookimpls():
+        if (impl.plugin_name in names) != builtin:
+            continue
+        for group, schema in (impl.function() or {}).items():
             if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
                 raise ConfigError(f"a plugin's schema for the config group {group!r} is not a "
                                   f"dataclass ({schema!r})")
-            if group in schemas and schemas[group] is not schema:
-                raise ConfigError(f"two plugins declare the config group {group!r} "
-                                  f"({schemas[group].__qualname__} and {schema.__qualname__})")
-            schemas[group] = schema
+            if schema not in schemas.setdefault(group, []):
+                schemas[group].append(schema)
     return schemas

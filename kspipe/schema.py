@@ -2,7 +2,8 @@
 registration of every group's dataclass in Hydra's ConfigStore.
 
 ``conf/config.yaml`` lists one option of each group in its defaults list; each option is a
-dataclass stored here or by the module that owns the group (``kspipe/<owner>/config.py``).
+dataclass stored here, or one a built-in plugin declares with ``kspipe_config_schemas`` as
+installed plugins declare theirs (in ``kspipe/<owner>/config.py``, the option ``<owner>``).
 Hydra merges a typed node under each key, so inside a group a misspelt key or a value of the
 wrong type is refused while the config is composed.  The root itself stays an open mapping
 (:func:`open_root`): a plugin's experiment may add a top-level key of its own (``shapes:``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
+
 
 @dataclass
 class CoreConfig:
@@ -66,25 +68,23 @@ class TrackingConfig:
     run_name: Optional[str] = None
     model: bool = True  # log the run's inference model as an MLflow model (a pyfunc)
     register: Optional[str] = None  # also register the run's MLflow model under this name
+    # the MLflow run a cluster job's processes record into: the command that starts them
+    # sets it in their job.yaml (its first worker records there)
+    run_id: Optional[str] = None
 
 
 def register_schemas(plugins: dict | None = None) -> None:
     """Store every group's schema in Hydra's ConfigStore; call it before Hydra composes.
 
-    Storing again replaces each entry, so calling it twice is harmless.  Like
-    :func:`kspipe.plugin_manager.builtin_plugins`, this is where the core names the
-    built-in plugins' modules: each ``kspipe/<owner>/config.py`` stores its own groups.
-    ``plugins``: ``{group: dataclass}`` of the installed plugins' own groups
+    Storing again replaces each entry, so calling it twice is harmless.  kspipe's own groups
+    are those the built-in plugins declare with ``kspipe_config_schemas``
+    (:func:`builtin_schemas`), each stored as the option that ``conf/config.yaml``'s defaults
+    list names (:func:`option_name`).  ``plugins``: ``{group: dataclass}`` (or ``{group:
+    [dataclass, ...]}``, :func:`joined`) of the installed plugins' groups
     (:func:`kspipe.plugin_manager.plugin_schemas`), stored together as the config
     ``plugins``, which the defaults list merges right after the top-level keys.
     """
     from hydra.core.config_store import ConfigStore
-
-    from kspipe.ctr import config as ctr
-    from kspipe.datafeed import config as datafeed
-    from kspipe.fewshot import config as fewshot
-    from kspipe.modes import config as modes
-    from kspipe.reptile import config as reptile
 
     from kspipe.job import register_resolver
 
@@ -94,15 +94,57 @@ def register_schemas(plugins: dict | None = None) -> None:
     for group, schema in (("compile", CompileConfig), ("stages", StagesConfig),
                           ("tracking", TrackingConfig)):
         store.store(group=group, name="core", node=schema)
-    for owner in (fewshot, reptile, datafeed, ctr, modes):
-        owner.register(store)
+    for group, parts in builtin_schemas().items():
+        store.store(group=group, name=option_name(parts[0]), node=joined(group, parts))
     groups = {name for name in store.list("") if not name.endswith(".yaml")}
     store.store(name="plugins", node=plugin_groups(plugins or {}, groups))
 
 
+def builtin_schemas() -> dict:
+    """``{group: [dataclass, ...]}`` of kspipe's own groups: what the built-in plugins declare
+    with ``kspipe_config_schemas``, as installed plugins declare theirs."""
+    from kspipe.plugin_manager import get_plugin_manager, plugin_schemas
+
+    return plugin_schemas(get_plugin_manager(load_entrypoints=False), builtin=True)
+
+
+def option_name(schema: type) -> str:
+    """The option a built-in group is stored as, which the defaults list names: the package
+    of the module that declares its (first) dataclass, ``dataset: fewshot`` for
+    :class:`kspipe.fewshot.config.DatasetConfig`."""
+    return schema.__module__.split(".")[1]
+
+
+def joined(group: str, parts) -> type:
+    """``group``'s one dataclass: ``parts`` if it is a dataclass; if it is a list of them,
+    what several plugins declared, in the order they were registered, one with the keys of
+    each in that order.  A key two of them declare is one line."""
+    import dataclasses
+
+    from kspipe.errors import ConfigError
+
+    if isinstance(parts, type):
+        return parts
+    if len(parts) == 1:
+        return parts[0]
+    owners: dict = {}
+    for part in parts:
+        for key in (each.name for each in dataclasses.fields(part)):
+            if key in owners:
+                raise ConfigError(f"two plugins declare the key {group}.{key} of their config "
+                                  f"group ({owners[key].__qualname__} and {part.__qualname__})")
+            owners[key] = part
+    names = ", ".join(part.__qualname__ for part in parts)
+    # a dataclass has its bases' fields, the last base's first
+    return dataclasses.make_dataclass(f"{group.capitalize()}Config", [],
+                                      bases=tuple(reversed(parts)),
+                                      namespace={"__doc__": f"The {group} group: {names}."})
+
+
 def plugin_groups(schemas: dict, groups: set):
-    """The plugins' groups as one open mapping, each a typed node of its dataclass; a
-    group named as one of kspipe's own ``groups`` or top-level keys is one line."""
+    """The plugins' groups as one open mapping, each a typed node of its dataclass
+    (:func:`joined`); a group named as one of kspipe's own ``groups`` or top-level keys is
+    one line."""
     from omegaconf import OmegaConf
 
     from kspipe.errors import ConfigError
@@ -112,8 +154,8 @@ def plugin_groups(schemas: dict, groups: set):
         raise ConfigError(f"a plugin declares the config group {taken[0]!r}, which is "
                           f"kspipe's own")
     root = OmegaConf.create()
-    for group, schema in sorted(schemas.items()):
-        root[group] = OmegaConf.structured(schema)
+    for group, parts in sorted(schemas.items()):
+        root[group] = OmegaConf.structured(joined(group, parts))
     return root
 
 

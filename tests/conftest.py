@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-os.environ.setdefault("GLOG_minloglevel", "2")
+os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ log, read when Paddle loads
 os.environ.setdefault("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 #: The suite runs on two processes (pytest-xdist, ``--dist loadgroup``), a test file whole
@@ -19,6 +19,30 @@ def pytest_collection_modifyitems(items):
         group = next((name for name, files in SHARED.items() if item.path.name in files),
                      item.nodeid.split("::")[0])
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def in_ci() -> bool:
+    """Whether the suite runs as CI (``CI=true``, as .ci/run and most CI services set it)."""
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``CI=true``, a test skipped for want of a set-up this machine must have (Slurm,
+    Chromium, a mountable disk, as root on Debian: tests.kit.setups) fails, naming it;
+    other skips (another platform's test) stay skips."""
+    report = yield
+    if not (report.skipped and in_ci()) or hasattr(report, "wasxfail"):
+        return report
+    from tests.kit import missing_here
+
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+    for name, why in missing_here().items():
+        if reason.removeprefix("Skipped: ") == why:
+            report.outcome = "failed"
+            report.longrepr = (f"CI=true: skipped for want of {name}, which this machine "
+                               f"(root, Debian with apt) must have: {why}")
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -43,10 +67,9 @@ def tiny_cfg(tmp_path, tiny_data):
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A one-node Slurm on loopback (kspipe.testing.local_slurm): the environment its
-    commands need.  Its tests are marked to run only where one can start
-    (``slurm_missing``)."""
-    from kspipe.testing import local_slurm
+    """A one-node Slurm on loopback (tests.kit.local_slurm): the environment its commands
+    need.  Its tests are marked to run only where one can start (``slurm_missing``)."""
+    from tests.kit import local_slurm
 
     with local_slurm(tmp_path_factory.mktemp("slurm")) as env:
         yield env

@@ -6,19 +6,15 @@ friends); the role stage reads it and plays that role.
 
 from __future__ import annotations
 
-import os
 import sys
 
-from kspipe.memory import cap_arenas, executor_defaults
-from kspipe.cluster.environment import share_cores
-
-os.environ.setdefault("GLOG_minloglevel", "2")
-cap_arenas()  # before any thread starts
-executor_defaults()  # before Paddle loads
-share_cores(os.environ)  # before Paddle loads OpenMP, whoever started this role
+from kspipe.cli.process import prepare_process
 
 
 def main(argv: list[str]) -> int:
+    """Run the job ``argv[0]`` (a resolved config) as the role the environment gives this
+    process; its exit code."""
+    prepare_process(role=True)  # first: before any thread starts and Paddle loads
     from omegaconf import OmegaConf
 
     from kspipe import stopping

@@ -1,8 +1,9 @@
 """The ``ctr`` config group: the click-through model of ``stages.program=ctr``.
 
-:class:`CtrConfig` is the group's schema (option ``ctr``, registered by
-:func:`kspipe.schema.register_schemas`): Hydra refuses a misspelt key or a value of the wrong
-type while it composes the config; ranges are :func:`kspipe.ctr.plugin.kspipe_check_config`.
+:class:`CtrConfig` is the group's schema, which the plugin declares with
+``kspipe_config_schemas`` (:mod:`kspipe.ctr.plugin`): Hydra refuses a misspelt key or a value
+of the wrong type while it composes the config; ranges are
+:func:`kspipe.ctr.plugin.kspipe_check_config`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,3 @@ class CtrConfig:
     hidden: List[int] = field(default_factory=lambda: [64, 32])  # the tower's ReLU layers
     learning_rate: float = 0.002
     epochs: int = 2
-
-
-def register(store) -> None:
-    """Store the ``ctr`` schema in Hydra's ``store`` as its option ``ctr``."""
-    store.store(group="ctr", name="ctr", node=CtrConfig)

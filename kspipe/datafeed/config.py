@@ -1,9 +1,10 @@
 """The ``datafeed`` config group: MultiSlot files read by Paddle's C++ reader threads
 (``stages.dataset=datafeed``, as in ``kspipe +experiment=ctr_datafeed``).
 
-:class:`DatafeedConfig` is the group's schema (option ``datafeed``, registered by
-:func:`kspipe.schema.register_schemas`): Hydra refuses a misspelt key or a value of the wrong
-type while it composes the config; ranges are the workload's ``kspipe_check_config``.
+:class:`DatafeedConfig` is the group's schema, which the plugin declares with
+``kspipe_config_schemas`` (:mod:`kspipe.datafeed.plugin`): Hydra refuses a misspelt key or a
+value of the wrong type while it composes the config; ranges are the workload's
+``kspipe_check_config``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,3 @@ class DatafeedConfig:
     # error (a cluster role's: its log, <run_dir>/logs/worker.0.log)
     profile: bool = False
     generated: GeneratedConfig = field(default_factory=GeneratedConfig)
-
-
-def register(store) -> None:
-    """Store the ``datafeed`` schema in Hydra's ``store`` as its option ``datafeed``."""
-    store.store(group="datafeed", name="datafeed", node=DatafeedConfig)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kspipe import hookimpl
 from kspipe.datafeed import generated
+from kspipe.datafeed.config import DatafeedConfig
 from kspipe.datafeed.desc import DataFeedDesc
 from kspipe.datafeed.files import FileCounts, parse_line, resolve_files, scan_files
 from kspipe.errors import ConfigError, DataError, check_integer
@@ -41,6 +42,11 @@ class FileDataset:
     @property
     def batch_size(self) -> int:
         return self.desc.batch_size
+
+
+@hookimpl
+def kspipe_config_schemas():
+    return {"datafeed": DatafeedConfig}
 
 
 @hookimpl

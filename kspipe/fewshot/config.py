@@ -1,8 +1,8 @@
 """The ``dataset`` config group of the few-shot data (``stages.dataset=open_ks``).
 
-:class:`DatasetConfig` is the group's schema (option ``fewshot``, registered by
-:func:`kspipe.schema.register_schemas`): Hydra refuses a misspelt key or a value of the wrong
-type while it composes the config.
+:class:`DatasetConfig` is the group's schema, which the plugin declares with
+``kspipe_config_schemas`` (:mod:`kspipe.fewshot.plugin`): Hydra refuses a misspelt key or a
+value of the wrong type while it composes the config.
 """
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ class DatasetConfig:
     image_size: Optional[int] = None   # null: 28 for omniglot, 84 for miniimagenet
     train_characters: int = 1200       # Omniglot layout: characters that train; the rest test
     preload_mib: int = 512   # decode every image before training if they take at most this (MiB)
-    verify: bool = True      # else open every image's header before training, to name a bad file early
+    verify: bool = True      # else open every image's header before training, to name a bad
+    #                          file early
     augment: bool = True     # Omniglot layout: add 90/180/270 degree rotations of training
     #                          characters
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
-
-
-def register(store) -> None:
-    """Store the ``dataset`` schema in Hydra's ``store`` as its option ``fewshot``."""
-    store.store(group="dataset", name="fewshot", node=DatasetConfig)

@@ -7,12 +7,18 @@ import sys
 
 from kspipe import hookimpl
 from kspipe.fewshot import kanji
+from kspipe.fewshot.config import DatasetConfig
 from kspipe.fewshot.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
                          decoded_mib, preload_images, read_omniglot, verify_images)
 from kspipe.errors import ConfigError, DataError
 from kspipe.files import user_path
 
 KINDS = {"omniglot": (28, 1), "miniimagenet": (84, 3)}
+
+
+@hookimpl
+def kspipe_config_schemas():
+    return {"dataset": DatasetConfig}
 
 
 @hookimpl

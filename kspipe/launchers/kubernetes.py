@@ -19,6 +19,7 @@ import time
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
@@ -39,6 +40,12 @@ class PaddleJobLauncher(ProcessLauncher):
     def check(self, cfg, processes: int) -> None:
         raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
                           "PaddleJob manifest; Kubernetes starts its processes")
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The launchers' keys of the cluster group (the modes' are theirs)."""
+    return {"cluster": LauncherConfig}
 
 
 @hookimpl

@@ -30,6 +30,7 @@ from kspipe import hookimpl
 from kspipe.cluster.endpoints import free_ports, parse_endpoints
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
+from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 from kspipe.launchers.processes import ProcessLauncher
 from kspipe.cluster.plan import Planned
@@ -72,6 +73,12 @@ class PaddleLauncher(ProcessLauncher):
             follow.echo()
             reporter.artifact(logs, "logs")
         return verdict(run_dir, logs, launcher.popen.returncode, started)
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The launchers' keys of the cluster group (the modes' are theirs)."""
+    return {"cluster": LauncherConfig}
 
 
 @hookimpl

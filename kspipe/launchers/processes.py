@@ -22,6 +22,7 @@ A plugin adds one by returning it from the hook ``kspipe_process_launchers``
 from __future__ import annotations
 
 from kspipe import hookimpl
+from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.watcher import run_cluster
 from kspipe.cluster.plan import Planned, launch_plan
 
@@ -68,6 +69,12 @@ class ProcessLauncher:
         it (its exit status is the process's, its output the role's log).  By default
         ``command`` itself."""
         return command
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The launchers' keys of the cluster group (the modes' are theirs)."""
+    return {"cluster": LauncherConfig}
 
 
 @hookimpl

@@ -30,6 +30,7 @@ import sys
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.cluster.plan import Planned, launch_plan
+from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 
 
@@ -70,6 +71,12 @@ class SlurmLauncher(ProcessLauncher):
         node = node_of(planned.endpoint) if planned.endpoint else allocation_hosts()[0]
         return step(node, f"kspipe-{planned.role}.{planned.index}", command,
                     int(planned.env.get("KSPIPE_THREADS") or threads()))
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The launchers' keys of the cluster group (the modes' are theirs)."""
+    return {"cluster": LauncherConfig}
 
 
 @hookimpl

@@ -33,8 +33,15 @@ from kspipe.cluster import environment
 from kspipe.errors import ConfigError
 from kspipe.launchers.hosts import job_hosts
 from kspipe.cluster.endpoints import process_count
+from kspipe.modes.config import ModeConfig
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The modes' keys of the cluster group (the launchers' are theirs)."""
+    return {"cluster": ModeConfig}
 
 
 @hookimpl

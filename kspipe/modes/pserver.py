@@ -26,12 +26,19 @@ from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
+from kspipe.modes.config import ModeConfig
 from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.launchers.hosts import job_hosts
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 from kspipe.modes.ps.tables import FleetTables
 from kspipe.saved_tables import check_manifest
+
+
+@hookimpl
+def kspipe_config_schemas():
+    """The modes' keys of the cluster group (the launchers' are theirs)."""
+    return {"cluster": ModeConfig}
 
 
 @hookimpl

@@ -1,8 +1,9 @@
 """Reptile's config groups, ``task``, ``model``, ``train`` and ``eval``, and their defaults.
 
-Each dataclass is the schema of its group (registered as option ``reptile`` of it, see
-:func:`kspipe.schema.register_schemas`), so a misspelt key (``train.meta_iter``) or a value
-of the wrong type (``train.meta_iters=abc``) is refused while Hydra composes the config.
+Each dataclass is the schema of its group, which the plugin declares with
+``kspipe_config_schemas`` (:mod:`kspipe.reptile.plugin`), so a misspelt key
+(``train.meta_iter``) or a value of the wrong type (``train.meta_iters=abc``) is refused
+while Hydra composes the config.
 Ranges (``train.meta_batch >= 1`` ...) are the plugin's ``kspipe_check_config``.
 """
 
@@ -44,7 +45,8 @@ class TrainConfig:
     algorithm: str = "reptile"  # reptile | foml (first-order MAML: the last step's change)
     foml_tail: Optional[int] = None  # foml: the last step on this many images per class, kept apart
     replacement: bool = False  # inner batches drawn afresh each step (else shuffled passes)
-    weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the reference
+    weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the
+    #                            reference does
     batch_tasks: bool = True  # the meta-batch's tasks adapt side by side in one program (Reptile)
     threads: int = 0          # threads sharing those tasks (0: the process's cores), 2+ tasks each
     meta_step: float = 1.0   # meta step size at the start ...
@@ -68,10 +70,3 @@ class EvalConfig:
     threads: int = 0         # threads adapting such groups at once (0: the process's cores)
     interval: int = 100      # meta-iterations between learning-curve points (0: none)
     interval_tasks: int = 10  # tasks per learning-curve point
-
-
-def register(store) -> None:
-    """Store each group's schema in Hydra's ``store`` as its option ``reptile``."""
-    for group, schema in (("task", TaskConfig), ("model", ModelConfig), ("train", TrainConfig),
-                          ("eval", EvalConfig)):
-        store.store(group=group, name="reptile", node=schema)

@@ -13,14 +13,19 @@ import functools
 
 from kspipe import hookimpl
 from kspipe.compiling import build_options, compile_options, compile_with, use_onednn
-from kspipe.config import check_keys
 from kspipe.contracts import Workload
-from kspipe.errors import ConfigError, check_integer, check_number
+from kspipe.errors import ConfigError, check_integer, check_keys, check_number
 from kspipe.reptile.batched import (build_batched_programs, program_sizes, train_sizes,
                                     use_onednn_relu)
+from kspipe.reptile.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 from kspipe.reptile.training import train_and_evaluate
+
+
+@hookimpl
+def kspipe_config_schemas():
+    return {"task": TaskConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
 
 
 @hookimpl

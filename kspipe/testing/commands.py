@@ -1,11 +1,9 @@
 """The ``kspipe`` command in processes of its own: plugins installed as a user installs
-them, the command run, its one-line error, the runs it left in the MLflow store and the
-processes of its job still running."""
+them, the command run, its one-line error and the runs it left in the MLflow store."""
 
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 
@@ -63,31 +61,3 @@ def run_statuses(db: Path) -> list[str]:
             return sorted(status for (status,) in con.execute("select status from runs"))
     except sqlite3.OperationalError:  # a store begun, no run table in it
         return []
-
-
-def stopped_when(process, ready, timeout: float, signum: int = signal.SIGINT) -> str:
-    """Send ``process`` (a ``Popen`` with text pipes) the signal ``signum`` (by default a
-    user's Ctrl-C) once ``ready()`` holds, and return its standard error once it has ended;
-    it fails if ``process`` ends first or ``ready()`` takes over ``timeout`` seconds."""
-    import time
-
-    try:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
-            time.sleep(0.05)
-        process.send_signal(signum)
-        return process.communicate(timeout=60)[1]
-    finally:
-        if process.poll() is None:
-            process.kill()
-
-
-def job_processes(run_dir) -> list[int]:
-    """The processes of the job whose run folder is ``run_dir`` that are still running
-    (every role kspipe's launchers start runs ``kspipe.cli.worker <run_dir>``)."""
-    import subprocess
-
-    out = subprocess.run(["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True,
-                         text=True).stdout.split()
-    return [int(pid) for pid in out if int(pid) != os.getpid()]

@@ -76,7 +76,7 @@ def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
     """submitit pickles the task into each Slurm job: its plugin manager stays here."""
     import cloudpickle
 
-    from kspipe.cli.command import Jobs
+    from kspipe.cli.jobs import Jobs
 
     task = cloudpickle.loads(cloudpickle.dumps(Jobs(object(), ["workers"]).run))
     assert task.__self__.pm is None and task.__self__.swept == ["workers"]
@@ -84,7 +84,8 @@ def test_a_job_process_of_another_launcher_builds_its_own_plugin_manager():
 
 def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, capsys):
     """The run and the command's closing line share one description of the workload."""
-    from kspipe.cli.command import Jobs, run_hydra
+    from kspipe.cli.command import run_hydra
+    from kspipe.cli.jobs import Jobs
     from kspipe.plugin_manager import get_plugin_manager
     from kspipe.schema import register_schemas
 
@@ -119,6 +120,16 @@ def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_pat
                           "eval.tasks=many: must be an integer")
     hydras = run_kspipe("--help", "--info", cwd=tmp_path, timeout=120)  # Hydra answers
     assert hydras.returncode == 0 and "Hydra" in hydras.stdout, hydras.stderr
+
+
+def test_a_command_that_prints_its_config_makes_no_run_folder(tmp_path):
+    """``kspipe --cfg job`` (and Hydra's other answers) resolve the config's run folder,
+    named by the time, without making it."""
+    for flags in (["--cfg", "job"], ["--cfg", "all", "--resolve"], ["--info", "all"]):
+        result = run_kspipe(*flags, "workers=3", cwd=tmp_path, timeout=120)
+        assert result.returncode == 0, (flags, result.stderr)
+        assert list(tmp_path.iterdir()) == [], flags
+    assert "workers: 3" in run_kspipe("--cfg", "job", "workers=3", cwd=tmp_path).stdout
 
 
 def test_a_reader_that_is_gone_ends_the_command_quietly(tmp_path):

@@ -2,7 +2,7 @@
 names what could not be written and what the run can resume from; the checkpoints
 written before stay whole, and the MLflow run is recorded as FAILED.
 
-The disks are real mounts (kspipe.testing.disks), so these tests need root.  The servers'
+The disks are real mounts (tests/kit/disks.py), so these tests need root.  The servers'
 tables on a full disk are in workloads/test_ctr_tables.py.
 """
 
@@ -10,9 +10,16 @@ import json
 
 import pytest
 
-from kspipe.testing import (assert_one_line_error, begun_store, disk_size, fill,
-                            install_plugin, mounts_missing, plugin_env, read_only, resize,
-                            run_kspipe, run_statuses, small_disk, tiny_overrides)
+from kspipe.testing import (
+    assert_one_line_error,
+    begun_store,
+    install_plugin,
+    plugin_env,
+    run_kspipe,
+    run_statuses,
+    tiny_overrides,
+)
+from tests.kit import disk_size, fill, mounts_missing, read_only, resize, small_disk
 
 pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missing()))
 
@@ -101,10 +108,17 @@ def test_a_new_tracking_store_on_a_disk_too_small_is_one_line_and_leaves_no_half
 #: A plugin that fills the disk of the file ``KSPIPE_TEST_FILL`` names when the job first
 #: logs metrics: the store's disk fills mid-run, at a known point.
 FILLER = """
+import contextlib
 import os
 
 from kspipe import hookimpl
-from kspipe.testing import fill
+
+
+def fill(path):
+    with open(path, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(1 << 16))
+            f.flush()
 
 
 @hookimpl

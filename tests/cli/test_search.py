@@ -15,8 +15,8 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from kspipe.testing import (Server, a_test_task, invoke, model_server, reference_adaptation,
-                            run_kspipe, tiny_overrides)
+from kspipe.testing import Server, invoke, model_server, run_kspipe, tiny_overrides
+from tests.kit import a_test_task, chromium_missing, reference_adaptation
 
 SEARCH = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1",
           "train.inner_lr=interval(0.0001,0.01)"]
@@ -68,7 +68,8 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
         f"train.inner_lr={c.data.params['train.inner_lr']}" for c in children)
     best = max(children, key=lambda c: c.data.metrics["test_accuracy"])  # first of ties
     assert parent.data.tags["kspipe.best_run"] == best.info.run_id
-    assert parent.data.tags["kspipe.best_job"] == f"train.inner_lr={best.data.params['train.inner_lr']}"
+    best_lr = best.data.params["train.inner_lr"]
+    assert parent.data.tags["kspipe.best_job"] == f"train.inner_lr={best_lr}"
     assert (f"kspipe: best: train.inner_lr={best.data.params['train.inner_lr']}: test_accuracy "
             f"{best.data.metrics['test_accuracy']:.3f} (run {best.info.run_id})") in result.stderr
     table = open(client.download_artifacts(parent.info.run_id, "comparison.csv", str(tmp))).read()
@@ -91,7 +92,7 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
 def test_an_unknown_sweeper_or_a_search_space_that_does_not_parse_is_one_line(
         tmp_path, tiny_data, space, message):
     """What `kspipe -m ... hydra/sweeper=optuna <space>` checks before Hydra starts."""
-    from kspipe.cli.command import check_config
+    from kspipe.cli.checks import check_config
     from kspipe.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
@@ -192,7 +193,7 @@ def page_text(url: str, wanted: list[str], profile: Path, timeout: float = 120) 
             browser.wait(timeout=30)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium)")
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 def test_the_runs_page_shows_the_search_in_a_headless_browser(search, ui):
     tmp, result, _, parent, children = search
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("kspipe: runs: ")]

@@ -36,7 +36,8 @@ def children(pid: int) -> list[int]:
 def recorder_started(pid: int) -> bool:
     for child in children(pid):
         try:
-            if b"kspipe.observers.mlflow.recorder" in Path(f"/proc/{child}/cmdline").read_bytes():
+            command_line = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"kspipe.observers.mlflow.record" in command_line:
                 return True
         except OSError:
             continue

@@ -15,7 +15,8 @@ import pytest
 from mlflow import MlflowClient
 
 from kspipe.cluster.endpoints import free_ports
-from kspipe.testing import run_kspipe, stopped_when, tiny_overrides
+from kspipe.testing import run_kspipe, tiny_overrides
+from tests.kit import stopped_when
 
 
 def sweep_args(tmp_path, data):
@@ -55,7 +56,8 @@ def test_a_sweep_has_a_parent_run_with_a_child_per_job(sweep):
                client.list_artifacts(c.info.run_id)} for c in children)
     assert {"comparison.csv", "comparison.png"} <= {a.path for a in
                                                     client.list_artifacts(first.info.run_id)}
-    table = Path(client.download_artifacts(first.info.run_id, "comparison.csv", str(tmp))).read_text()
+    table = Path(client.download_artifacts(first.info.run_id, "comparison.csv",
+                                           str(tmp))).read_text()
     assert "workers=1" in table and "workers=2" in table
     header = table.splitlines()[0].split(",")  # the metrics the Reptile workload declares
     assert header[4:] == ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy",
@@ -100,8 +102,9 @@ def test_the_mlflow_ui_serves_the_sweep(sweep):
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
                                f"sqlite:///{tmp / 'mlflow.db'}", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], cwd=tmp, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True,
+                               "--port", str(port), "--workers", "1"], cwd=tmp,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True,
                               env=dict(os.environ, TMPDIR=str(tmp)))  # its lock files
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
 

@@ -1,6 +1,6 @@
 """The runs that several files here compare with, each made once a session:
 
-* the tiny job of ``kspipe.testing.SCHEDULED_JOB`` started by kspipe's own launcher, its
+* the tiny job of ``tests.kit.SCHEDULED_JOB`` started by kspipe's own launcher, its
   collective form, and a longer form of it to stop midway: the weights that every other
   way of starting, stopping and resuming the same job must reach;
 * runs of the tests' workload plugin (tests/plugins/bags), installed with the tests'
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kspipe.testing import (SCHEDULED_COLLECTIVE, install_plugin, latest_weights, plugin_env,
-                            run_kspipe, scheduled_overrides)
+from kspipe.testing import install_plugin, plugin_env, run_kspipe
+from tests.kit import SCHEDULED_COLLECTIVE, latest_weights, scheduled_overrides
 
 TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 

@@ -20,8 +20,8 @@ import pytest
 from kspipe.launchers.watcher import Cluster
 from kspipe.cluster.plan import launch_plan
 from kspipe.pipeline import run
-from kspipe.testing import (compose_config, latest_weights, overloaded, plugin_manager,
-                            tiny_overrides)
+from kspipe.testing import compose_config, plugin_manager, tiny_overrides
+from tests.kit import latest_weights, overloaded
 
 JOB = Path(__file__).with_name("exchange_job.py")
 START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from kspipe.testing import job_processes, run_statuses, tiny_overrides
+from kspipe.testing import run_statuses, tiny_overrides
+from tests.kit import job_processes
 
 HOST_A, HOST_B = "127.0.0.2", "127.0.0.3"
 

@@ -15,8 +15,8 @@ from mlflow import MlflowClient
 from kspipe.cluster.endpoints import free_ports
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
-from kspipe.testing import (compose_config, job_processes, plugin_manager, run_kspipe,
-                            run_statuses, tiny_overrides)
+from kspipe.testing import compose_config, plugin_manager, run_kspipe, run_statuses, tiny_overrides
+from tests.kit import job_processes
 
 
 def worker_pid(run_dir, index):

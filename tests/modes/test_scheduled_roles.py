@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from kspipe.cluster.endpoints import free_ports
-from kspipe.testing import (SCHEDULED_COLLECTIVE, latest_weights, run_statuses,
-                            scheduled_overrides)
+from kspipe.testing import run_statuses
+from tests.kit import SCHEDULED_COLLECTIVE, latest_weights, scheduled_overrides
 
 #: what kspipe's launcher gives each process (one math thread each on 2 cores), so that
 #: the float sums are the same
@@ -270,9 +270,14 @@ def test_every_role_shares_its_hosts_cores_however_it_was_started(monkeypatch):
     def seen(module, **env):
         base = {k: v for k, v in os.environ.items()
                 if k != "KMP_BLOCKTIME" and not k.startswith(("PADDLE_", "TRAINING_"))}
-        code = f"import os, kspipe.{module}; print(os.environ.get('KMP_BLOCKTIME'))"
+        start = {"worker": "from kspipe.cli.worker import main\nmain([])\n",
+                 "cli": "import sys\nsys.argv = ['kspipe', '--version']\n"
+                        "from kspipe.cli.command import main\n"
+                        "try:\n    main()\nexcept SystemExit:\n    pass\n"}[module]
+        code = start + "import os\nprint(os.environ.get('KMP_BLOCKTIME'))\n"
         return subprocess.run([sys.executable, "-c", code], env=dict(base, **env),
-                              capture_output=True, text=True, check=True).stdout.strip()
+                              capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-1]
 
     assert seen("worker") == "0"
     assert seen("cli", TRAINING_ROLE="TRAINER") == "0"

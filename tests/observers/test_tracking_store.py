@@ -242,6 +242,8 @@ def test_the_command_starts_its_recorder_before_paddles_import(tmp_path, tiny_da
 
     compose = cli.check_config
     monkeypatch.setattr(cli, "check_config", check_config)
+    # this test's process keeps its environment (the command's set-up: test_memory.py)
+    monkeypatch.setattr(cli, "prepare_process", lambda role: None)
     monkeypatch.setattr(stopping, "install", install)
     args = tiny_overrides(tmp_path, tiny_data) + [
         f"{k}={v}" for k, v in setting.items() if k != "env"]

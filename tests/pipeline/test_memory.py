@@ -1,6 +1,8 @@
 """A kspipe process caps glibc's malloc arenas at its cores (kspipe/memory.py): threads that
 allocate then share arenas instead of each keeping one's freed memory; and runs Paddle's
-executor serially, Reptile's lanes included, freeing dead tensors a megabyte at a time."""
+executor serially, Reptile's lanes included, freeing dead tensors a megabyte at a time.
+The command and a launched worker set these up first thing (kspipe/cli/process.py), and
+importing them sets nothing."""
 
 import json
 import os
@@ -12,15 +14,29 @@ import pytest
 from kspipe.memory import FREE_ENV, SERIAL_ENV
 from kspipe.testing import run_kspipe, tiny_overrides
 
+#: A process's start, by how it starts: as a ``kspipe`` command (its entry point, with a
+#: flag it answers without a job), as a launched worker (given no job file: it says how to
+#: run it), or a plain Python process that imports those entry points and calls neither.
+STARTS = {
+    "plain": "",
+    "imported": "import kspipe.__main__, kspipe.cli.__main__, kspipe.cli.command, "
+                "kspipe.cli.worker\n",
+    "kspipe": "import sys\n"
+              "sys.argv = ['kspipe', '--version']\n"
+              "from kspipe.__main__ import main\n"
+              "try:\n"
+              "    main()\n"
+              "except SystemExit as done:\n"
+              "    assert done.code in (0, None), done.code\n",
+    "worker": "from kspipe.cli.worker import main\n"
+              "assert main([]) == 2  # its usage\n",
+}
+
 #: Starts 16 threads that each allocate and wait for the others (a thread gets an arena of
 #: its own while glibc's cap allows, and gives it back when it ends), then prints glibc's
 #: malloc_info: one <heap> per arena.
 ARENAS = """
-import ctypes, sys, threading
-if sys.argv[1] == "kspipe":
-    import kspipe.cli.command  # what a kspipe command imports first
-elif sys.argv[1] == "worker":
-    import kspipe.cli.worker
+import ctypes, threading
 together = threading.Barrier(16)
 def allocate():
     for _ in range(20):
@@ -37,11 +53,16 @@ libc.fflush(ctypes.c_void_p(out))
 """
 
 
+def started(how: str, then: str, env: dict) -> subprocess.CompletedProcess:
+    """A Python process started as ``how`` says (:data:`STARTS`) that then runs ``then``."""
+    result = subprocess.run([sys.executable, "-c", STARTS[how] + then], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0, (how, result.stderr[-2000:])
+    return result
+
+
 def arenas(how: str, env: dict | None = None) -> int:
-    result = subprocess.run([sys.executable, "-c", ARENAS, how], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.count("<heap nr=")
+    return started(how, ARENAS, {**os.environ, **(env or {})}).stdout.count("<heap nr=")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
@@ -49,6 +70,7 @@ def test_a_kspipe_process_has_as_many_arenas_as_cores():
     cores = max(2, len(os.sched_getaffinity(0)))
     plain = arenas("plain")
     assert plain > cores  # the threads would each take one (so the check below can fail)
+    assert arenas("imported") > cores  # an import caps nothing
     assert arenas("kspipe") <= cores
     assert arenas("worker") <= cores
     assert arenas("kspipe", {"MALLOC_ARENA_MAX": "5"}) == 5  # the user's own cap is kept
@@ -58,17 +80,31 @@ def test_a_kspipe_process_sets_paddles_executor_unless_told_otherwise():
     """Serial, and dead tensors freed a megabyte at a time (Paddle's default hands each to
     its collector's thread as it dies); a user's own values are kept."""
     flags = [SERIAL_ENV, FREE_ENV]
-    ask = "import {}paddle; print(*paddle.get_flags({!r}).values())"
-    for module, given, expected in (
-            ("kspipe.cli.command, ", {}, "True 0.001"), ("kspipe.cli.worker, ", {}, "True 0.001"),
-            ("kspipe.cli.command, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
-            ("kspipe.cli.worker, ", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
-            ("", {}, "False 0.0")):  # Paddle's own defaults
+    ask = f"import paddle\nprint(*paddle.get_flags({flags!r}).values())\n"
+    for how, given, expected in (
+            ("kspipe", {}, "True 0.001"), ("worker", {}, "True 0.001"),
+            ("kspipe", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("worker", {SERIAL_ENV: "0", FREE_ENV: "0"}, "False 0.0"),
+            ("imported", {}, "False 0.0"),  # an import sets nothing: Paddle's own defaults
+            ("plain", {}, "False 0.0")):
         env = {k: v for k, v in os.environ.items() if k not in flags}
-        result = subprocess.run([sys.executable, "-c", ask.format(module, flags)],
-                                capture_output=True, text=True, env={**env, **given},
-                                timeout=120)
-        assert result.stdout.strip() == expected, (module, given, result.stderr[-2000:])
+        result = started(how, ask, {**env, **given})
+        assert result.stdout.strip().splitlines()[-1] == expected, (how, given, result.stderr)
+
+
+def test_importing_the_entry_points_leaves_the_environment_as_it_was():
+    """The command's modules and the worker's set nothing in the environment when they
+    import, only when the process starts through them."""
+    show = "import os, sys\nprint(sorted(k for k in os.environ if k not in sys.argv[1:]))\n"
+    names = [k for k in os.environ if not k.startswith(("GLOG_", "FLAGS_", "KMP_"))]
+    env = {k: os.environ[k] for k in names}
+    for how, expected in (("imported", "[]"), ("worker", "['FLAGS_eager_delete_tensor_gb', "
+                          "'FLAGS_new_executor_serial_run', 'GLOG_minloglevel', "
+                          "'KMP_BLOCKTIME']")):
+        result = subprocess.run([sys.executable, "-c", STARTS[how] + show, *names],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == expected, (how, result.stderr[-2000:])
 
 
 @pytest.mark.parametrize("evaluation", [

@@ -1,5 +1,6 @@
-"""The config validates itself: each group's dataclass (kspipe.schema and the owners'
-config.py) refuses a misspelt key or a value of the wrong type, in one line, while the root
+"""The config validates itself: each group's dataclass (kspipe.schema's, and the owners'
+config.py, which the built-in plugins declare through ``kspipe_config_schemas`` as installed
+plugins do) refuses a misspelt key or a value of the wrong type, in one line, while the root
 stays open to the groups of third-party plugins; the defaults are those config.yaml had."""
 
 from pathlib import Path
@@ -122,8 +123,8 @@ def test_the_defaults_are_those_of_the_old_config_yaml():
 
 def test_the_groups_are_in_the_order_config_yaml_had():
     assert list(compose_config([])) == [
-        "mode", "workers", "servers", "devices", "seed", "resume", "evaluate", "init_from", "run_dir",
-        "isolate",
+        "mode", "workers", "servers", "devices", "seed", "resume", "evaluate", "init_from",
+        "run_dir", "isolate",
         "dataset", "task", "model", "train", "eval", "datafeed", "ctr", "cluster", "compile",
         "stages", "tracking"]
 
@@ -176,13 +177,113 @@ def test_a_plugins_group_has_its_schemas_defaults_and_checks(bags):
         assert str(err.value) == line
 
 
-def test_a_plugin_cannot_take_a_group_of_kspipes(monkeypatch):
+@pytest.mark.parametrize("group", ["train", "cluster"])
+def test_a_plugin_cannot_take_a_group_of_kspipes(group):
+    """Nor add keys to one: only the built-in plugins share ``cluster``."""
     from dataclasses import dataclass
 
     @dataclass
-    class Train:
+    class Extra:
         steps: int = 1
 
-    with pytest.raises(ConfigError, match="a plugin declares the config group 'train', "
+    with pytest.raises(ConfigError, match=f"a plugin declares the config group '{group}', "
                                           "which is kspipe's own"):
-        compose_config([], schemas={"train": Train})
+        compose_config([], schemas={group: Extra})
+
+
+def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
+    """As installed plugins declare theirs; ``cluster`` is declared by the modes (their
+    keys) and by the launchers (theirs)."""
+    from kspipe.launchers.config import LauncherConfig
+    from kspipe.modes.config import ModeConfig
+    from kspipe.plugin_manager import get_plugin_manager
+
+    owners: dict = {}
+    for impl in get_plugin_manager(load_entrypoints=False).hook.kspipe_config_schemas \
+            .get_hookimpls():
+        for group, schema in impl.function().items():
+            owners.setdefault(group, {})[impl.plugin_name] = schema
+    assert {group: sorted(by) for group, by in owners.items()} == {
+        "dataset": ["open_ks"], "task": ["reptile"], "model": ["reptile"], "train": ["reptile"],
+        "eval": ["reptile"], "datafeed": ["datafeed"], "ctr": ["ctr"],
+        "cluster": ["collective", "local", "paddle", "paddlejob", "processes", "pserver",
+                    "slurm"]}
+    assert owners["cluster"] == {"local": ModeConfig, "pserver": ModeConfig,
+                                 "collective": ModeConfig, "processes": LauncherConfig,
+                                 "slurm": LauncherConfig, "paddlejob": LauncherConfig,
+                                 "paddle": LauncherConfig}
+
+
+CLUSTER_KEYS = ("strategy, k_steps, wait_push, host, threads, timeout_s, control_port, "
+                "hosts_timeout_s, job_id, launcher, slurm_args, image")
+
+
+def test_the_cluster_group_is_the_modes_keys_then_the_launchers():
+    cluster = compose_config([]).cluster
+    assert ", ".join(cluster) == CLUSTER_KEYS
+    assert dict(cluster) == {
+        "strategy": "async", "k_steps": 1, "wait_push": False, "host": None, "threads": None,
+        "timeout_s": None, "control_port": None, "hosts_timeout_s": 300.0, "job_id": None,
+        "launcher": "processes", "slurm_args": [], "image": None}
+    cluster = compose_config(["cluster.strategy=sync", "cluster.launcher=slurm",
+                              "cluster.slurm_args=['--time=10']"]).cluster
+    assert (cluster.strategy, cluster.launcher, list(cluster.slurm_args)) == (
+        "sync", "slurm", ["--time=10"])
+
+
+@pytest.mark.parametrize("override, line", [
+    ("cluster.nope=1", f"cluster.nope=1: cluster has no key 'nope' (its keys: {CLUSTER_KEYS})"),
+    ("+cluster.imag=x", "+cluster.imag=x: cluster has no key 'imag' "
+                        "(did you mean cluster.image?)"),
+    ("cluster.k_steps=abc", "cluster.k_steps=abc: must be an integer"),
+    ("cluster.hosts_timeout_s=soon", "cluster.hosts_timeout_s=soon: must be a number"),
+    ("cluster.slurm_args=x", "cluster.slurm_args=x: Invalid value assigned: str is not a "
+                             "ListConfig, list or tuple."),
+])
+def test_either_part_of_the_cluster_group_refuses_a_mistake_in_one_line(override, line):
+    with pytest.raises(ConfigError) as refused:
+        compose_config([override])
+    assert str(refused.value) == line
+
+
+def test_installed_plugins_may_share_a_group_each_with_keys_of_its_own():
+    from dataclasses import dataclass
+
+    from kspipe import hookimpl
+    from kspipe.plugin_manager import plugin_schemas
+    from kspipe.testing import plugin_manager
+
+    @dataclass
+    class Reader:
+        files: str = "data/*.txt"
+
+    @dataclass
+    class Writer:
+        folder: str = "out"
+
+    @dataclass
+    class Other:
+        files: int = 1
+
+    class Declares:
+        def __init__(self, schema):
+            self.schema = schema
+
+        @hookimpl
+        def kspipe_config_schemas(self):
+            return {"store": self.schema}
+
+    schemas = plugin_schemas(plugin_manager(("reader", Declares(Reader)),
+                                            ("writer", Declares(Writer))))
+    store = compose_config(["store.folder=elsewhere"], schemas=schemas).store
+    assert list(store) == ["files", "folder"]
+    assert (store.files, store.folder) == ("data/*.txt", "elsewhere")
+    with pytest.raises(ConfigError) as refused:
+        compose_config(["store.fles=x"], schemas=schemas)
+    assert str(refused.value) == ("store.fles=x: store has no key 'fles' "
+                                  "(did you mean store.files?)")
+    schemas = plugin_schemas(plugin_manager(("reader", Declares(Reader)),
+                                            ("other", Declares(Other))))
+    with pytest.raises(ConfigError, match=r"^two plugins declare the key store\.files of "
+                                          r"their config group \(.*Reader and .*Other\)$"):
+        compose_config([], schemas=schemas)

@@ -1,16 +1,28 @@
-"""A non-editable install carries the Hydra configs: the wheel works from another folder."""
+"""A non-editable install carries the Hydra configs: the wheel works from another folder.  It
+carries the public test kit (``kspipe.testing``), which imports without the checkout and
+changes nothing in the process, and none of the suite's own pieces (``tests.kit``)."""
 
+import os
+import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+from tests import kit
+
 REPO = Path(__file__).resolve().parents[2]
 
-RUN_FROM_WHEEL = """
+#: The wheel's kspipe first on the path, and no editable install's finder.
+FROM_WHEEL = """
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, {where!r})
+"""
+
+RUN_FROM_WHEEL = FROM_WHEEL + """
 import kspipe
 assert kspipe.__file__.startswith({where!r}), kspipe.__file__
 sys.argv = ["kspipe", "+experiment=omniglot_5way", "workers=0"]
@@ -18,20 +30,63 @@ from kspipe.cli.command import main
 main()
 """
 
+#: The public kit from the wheel, outside the checkout: every name it exports is there, and
+#: importing it sets no environment variable and loads no Paddle (nor its allocator).
+KIT_FROM_WHEEL = FROM_WHEEL + """
+import os
+before = dict(os.environ)
+import kspipe.testing
+assert kspipe.testing.__file__.startswith({where!r}), kspipe.testing.__file__
+for name in kspipe.testing.__all__:
+    getattr(kspipe.testing, name)
+assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
+assert "paddle" not in sys.modules
+"""
 
-def test_wheel_has_configs_and_runs_outside_the_checkout(tmp_path):
+#: The public kit's modules, all the wheel's kspipe/testing holds.
+PUBLIC_KIT = ["__init__.py", "commands.py", "runs.py", "serving.py"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """kspipe's wheel, built from the checkout, and the folder it is unpacked in."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(tmp_path), str(REPO)], check=True, timeout=600)
     (wheel,) = tmp_path.glob("kspipe-*.whl")
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    return wheel, unpacked
+
+
+def from_wheel(script: str, unpacked: Path, cwd: Path, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script.format(where=str(unpacked))], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_wheel_has_configs_and_runs_outside_the_checkout(wheel, tmp_path):
+    wheel, unpacked = wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert "kspipe/conf/config.yaml" in names
     assert "kspipe/conf/experiment/omniglot_5way.yaml" in names
-    unpacked = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(unpacked)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    result = subprocess.run([sys.executable, "-c", RUN_FROM_WHEEL.format(where=str(unpacked))],
-                            cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    result = from_wheel(RUN_FROM_WHEEL, unpacked, tmp_path)
     # The config composed from the wheel's files, so validation reached the value:
     assert "kspipe: error: workers=0 must be at least 1" in result.stderr, result.stderr
     assert result.returncode == 2
+
+
+def test_wheel_has_the_public_test_kit_and_none_of_the_suites_pieces(wheel, tmp_path):
+    wheel, unpacked = wheel
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("tests/")]
+    assert sorted(n.rpartition("/")[2] for n in names
+                  if n.startswith("kspipe/testing/")) == PUBLIC_KIT
+    # no module of the wheel defines a piece of the suite's kit (a Slurm on loopback, disk
+    # mounts, the suite's jobs and constants), wherever it was put
+    defines = re.compile(rf"^(?:def |class )?({'|'.join(kit.__all__)})\b\s*[=(:]", re.M)
+    found = {name: defines.findall((unpacked / name).read_text())
+             for name in names if name.endswith(".py")}
+    assert {name: pieces for name, pieces in found.items() if pieces} == {}
+    # in an environment of PATH alone, where a variable set by default would show
+    result = from_wheel(KIT_FROM_WHEEL, unpacked, tmp_path, env={"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -13,8 +13,8 @@ import pytest
 from kspipe.ctr.evaluation import roc_auc
 from kspipe.ctr.training import auc_from_histograms
 from kspipe.datafeed import DataFeedDesc, python_batches
-from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error, begun_store,
-                            ctr_overrides, run_kspipe, run_statuses)
+from kspipe.testing import assert_one_line_error, begun_store, run_kspipe, run_statuses
+from tests.kit import CTR_LINES, CTR_MIN_AUC, ctr_overrides
 
 def run_record(db):
     import mlflow

@@ -36,6 +36,13 @@ class RunRecord:
     workload: Workload | None
 
 
+def parent_run_id() -> str | None:
+    """The sweep's parent run of the job this process runs, if it is a sweep's: the one
+    place its id crosses into the jobs' processes (Hydra's launchers start them with this
+    process's environment)."""
+    return os.environ.get(PARENT_RUN_ENV) or None
+
+
 #: The parent run this process made and has not ended yet: (config, run id), or None.
 _open: tuple | None = None
 

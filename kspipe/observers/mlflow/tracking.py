@@ -10,7 +10,8 @@ runs page of the experiment (:func:`kspipe.observers.mlflow.store.runs_page`).
 
 The record is written by a process of its own (:mod:`kspipe.observers.mlflow.recorder`), so the
 job's process neither imports MLflow nor waits for its store; in a sweep, the run becomes
-a child of the parent that ``KSPIPE_PARENT_RUN_ID`` names (:mod:`kspipe.observers.mlflow.sweep_runs`).
+a child of its sweep's parent run
+(:func:`kspipe.observers.mlflow.sweep_runs.parent_run_id`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from __future__ import annotations
 import os
 import time
 
+from omegaconf import open_dict
+
 from kspipe import hookimpl
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, first_line
 from kspipe.observers.mlflow.recorder import Recorder
 from kspipe.observers.mlflow.store import runs_page, tracking_uri
-from kspipe.observers.mlflow.sweep_runs import PARENT_RUN_ENV
+from kspipe.observers.mlflow.sweep_runs import parent_run_id
 from kspipe.observers.mlflow.tags import workload_tags
 from kspipe.reporting import say
 
-RUN_ENV = "KSPIPE_RUN_ID"  # a cluster's launcher made the run; its first worker records into it
 MAX_PARAM_LENGTH = 6000
 
 
@@ -50,7 +52,7 @@ class MlflowTracker:
 
     The record is written by a :class:`~kspipe.observers.mlflow.recorder.Recorder` process, opened
     beside the dataset and program stages: the execute stage waits for it (a store that
-    cannot be opened stops the job there, before training), a launcher at once (its
+    cannot be opened stops the job there, before training), a cluster job at once (its
     processes inherit the run's id)."""
 
     def __init__(self):
@@ -65,15 +67,16 @@ class MlflowTracker:
         self.workload = workload
         if not cfg.tracking.enabled or not role.is_first_worker():
             return
-        self.owner = not (os.environ.get(RUN_ENV) and not role.is_cluster_job)
+        given = cfg.tracking.get("run_id")  # the command that started this process made it
+        self.owner = not given or role.is_cluster_job
         create = self.new_run(cfg, run_dir) if self.owner else None
         self.recorder = Recorder.take()
         self.recorder.ask("open", tracking_uri(cfg), cfg.tracking.experiment,
-                          None if self.owner else os.environ[RUN_ENV], create)
+                          None if self.owner else given, create)
         if role.is_cluster_job:
             self.opened()
-            if self.run_id:
-                os.environ[RUN_ENV] = self.run_id  # inherited by the processes it starts
+            with open_dict(cfg):  # the job's processes read it from their job.yaml
+                cfg.tracking.run_id = self.run_id
 
     def new_run(self, cfg, run_dir: str) -> dict:
         """What the recorder makes the run with: name, tags, params, the resolved config
@@ -85,8 +88,8 @@ class MlflowTracker:
                               f"run's MLflow model, which tracking.model=false does not log")
         tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
                 **workload_tags(self.workload)}
-        if os.environ.get(PARENT_RUN_ENV):
-            tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
+        if parent_run_id():
+            tags["mlflow.parentRunId"] = parent_run_id()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         config_path = os.path.join(run_dir, "config.yaml")
         OmegaConf.save(cfg, config_path, resolve=True)
@@ -140,7 +143,7 @@ class MlflowTracker:
         note = self.finish("FINISHED", run_dir, self.workload.headline, model)
         if note:
             say(note)
-        if self.owner and not os.environ.get(PARENT_RUN_ENV):  # a sweep names the page
+        if self.owner and not parent_run_id():  # a sweep names the page
             say(runs_page(cfg, self.experiment, self.workload.headline))  # once, at its end
 
     def model(self, cfg, run_dir: str) -> dict | None:
@@ -176,8 +179,6 @@ class MlflowTracker:
             self.close()
 
     def close(self) -> None:
-        if self.owner and self.run_id is not None and os.environ.get(RUN_ENV) == self.run_id:
-            del os.environ[RUN_ENV]
         if self.recorder is not None:
             self.recorder.close()
         self.recorder, self.run_id = None, None

@@ -1,0 +1,104 @@
+"""The command line as Hydra reads it: ``@hydra.main``'s flags and overrides, the keys a
+sweep varies and the values it takes, read before Hydra runs so that the command's checks
+(:mod:`kspipe.cli.checks`) see what Hydra will."""
+
+from __future__ import annotations
+
+
+def hydra_arguments(args: list[str]):
+    """``(namespace, unknown arguments)`` of ``args`` as ``@hydra.main`` reads them; None
+    where its parser would stop (``--version``, an argument it cannot read)."""
+    import argparse
+
+    # The parser of @hydra.main is private (hydra._internal) and Hydra has no public one;
+    # the checks must read the command line exactly as @hydra.main will.  The one use.
+    from hydra._internal.utils import get_args_parser
+
+    if "--version" in args:
+        return None
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        return parser.parse_known_args(args)
+    except argparse.ArgumentError:
+        return None
+
+
+def command_line_overrides(args: list[str]):
+    """``(overrides, multirun)`` as ``@hydra.main`` reads ``args``; None where Hydra's own
+    flags take over (help, info, another config folder), and Hydra checks the config."""
+    read = hydra_arguments(args)
+    if read is None or read[1]:  # an argument Hydra refuses: it says so itself
+        return None
+    parsed = read[0]
+    if any((parsed.help, parsed.hydra_help, parsed.info, parsed.shell_completion,
+            parsed.config_path, parsed.config_name, parsed.config_dir,
+            parsed.experimental_rerun)):
+        return None
+    multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
+    return parsed.overrides, multirun
+
+
+def asks_for_help(args: list[str]) -> bool:
+    """``--help`` (or ``-h``) as ``@hydra.main`` reads the command line."""
+    read = hydra_arguments(args)
+    return bool(read and read[0].help)
+
+
+def read_overrides(args: list[str]) -> list:
+    """The arguments Hydra reads as overrides, as its ``Override`` objects; flags, and what
+    Hydra cannot read (it says so itself), are left out."""
+    from kspipe.observers.sweep import parse_overrides
+
+    return [override for arg in args for override in parse_overrides([arg]) or ()]
+
+
+def swept(args: list[str]) -> list[str]:
+    """The keys the sweep of the command line ``args`` varies (none where Hydra cannot
+    read it)."""
+    from kspipe.observers.sweep import swept_keys
+
+    parsed = hydra_arguments(args)
+    return swept_keys(parsed[0].overrides) if parsed else []
+
+
+def sweep_variants(overrides: list[str]):
+    """``overrides`` with each sweep at its first value, then once at each other value.
+
+    A value's type is checked alone, so trying each once finds a bad one without composing
+    every job.  ``glob(...)`` and ``interval(...)`` are left to the sweeper.
+    """
+    from hydra.core.override_parser.types import ValueType
+
+    from kspipe.observers.sweep import parse_overrides
+
+    parsed = parse_overrides(overrides)
+    if parsed is None:
+        yield overrides  # composing it names the mistake
+        return
+    first, sweeps = [], []
+    for override in parsed:
+        if not override.is_sweep_override():
+            first.append(override.input_line)
+        elif (override.is_discrete_sweep()
+              and override.value_type != ValueType.GLOB_CHOICE_SWEEP):
+            key = override.get_key_element()
+            values = (f"{key}={value}" for value in override.sweep_string_iterator())
+            value = next(values, None)
+            if value is not None:  # an empty sweep runs no job
+                sweeps.append((len(first), values))
+                first.append(value)
+    yield first
+    for i, values in sweeps:
+        for value in values:
+            yield first[:i] + [value] + first[i + 1:]
+
+
+def search_direction(args: list[str]) -> list[str]:
+    """A hyperparameter search (``hydra/sweeper=optuna``) maximises the workload's headline
+    metric, which each job returns, unless told otherwise."""
+    given = {override.key_or_group: override.value() for override in read_overrides(args)}
+    if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in given:
+        return ["hydra.sweeper.direction=maximize"]
+    return []
+

@@ -1,0 +1,127 @@
+"""What Hydra runs for each job of the command (:class:`Jobs`), and the job's closing
+line: its metrics, or how a stopped or failed run goes on."""
+
+from __future__ import annotations
+
+from omegaconf import open_dict
+
+from kspipe import stopping
+from kspipe.cli.process import fail, reader_gone
+from kspipe.errors import ClusterError, KspipeError, StorageError, print_error
+
+
+class Jobs:
+    """What Hydra runs for each job of the command: the one job, or each of a sweep's.
+
+    :param pm: the plugin manager; None in a job process that Hydra's launcher started
+        (submitit's Slurm jobs run :meth:`run` unpickled, without
+        :func:`kspipe.cli.command.main`), which builds its own, and its signal handlers,
+        for its first job.
+    :param swept: the keys the command's sweep varies; a sweep's job is named by its
+        values of them (:func:`kspipe.observers.sweep.job_label`).
+    """
+
+    def __init__(self, pm, swept: list[str]):
+        self.pm = pm
+        self.swept = swept
+
+    def __getstate__(self) -> dict:  # pickled into another process: the registry stays here
+        return {"pm": None, "swept": self.swept}
+
+    def run(self, cfg) -> float:
+        """Run one job; its value (the workload's headline metric) is what a hyperparameter
+        search (``hydra/sweeper=optuna``) optimises.  A sweep's job that fails says so in
+        one line and returns :class:`~kspipe.observers.sweep.JobFailed`: the others run."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from kspipe.observers.sweep import JobFailed, job_label
+        from kspipe.pipeline import check, prepare, process_launcher, run
+        from kspipe.plugin_manager import get_plugin_manager
+
+        if self.pm is None:
+            stopping.install()
+            self.pm = get_plugin_manager()
+        hydra_cfg = HydraConfig.get()
+        sweep = hydra_cfg.mode == RunMode.MULTIRUN
+        job = job_label(hydra_cfg.overrides.task, self.swept) if sweep else None
+        with open_dict(cfg):
+            # a run's folder is Hydra's (hydra.run.dir: kspipe.job.run_folder, run_dir expanded)
+            cfg.run_dir = (hydra_cfg.runtime.output_dir if not sweep
+                           else cfg.run_dir or hydra_cfg.runtime.output_dir)
+            cfg.tracking.run_name = cfg.tracking.run_name or job
+            if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
+                cfg.isolate = sweep
+        try:
+            launcher = process_launcher(self.pm, cfg)
+            if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
+                check(cfg, self.pm)
+                print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
+                      flush=True)
+                return worst_value(hydra_cfg)
+            workload = prepare(cfg, self.pm)  # described once: the run and its closing line
+            metrics = run(cfg, self.pm, workload)
+        except KspipeError as err:
+            if sweep:  # report, and let the other jobs run
+                job = job or str(hydra_cfg.job.num)
+                print_error(f"job {job}: {err}")
+                return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
+            if isinstance(err, StorageError) or (isinstance(err, ClusterError)
+                                                 and wrote_checkpoint(cfg)):  # mid-run
+                err = type(err)(f"{err}{recorded_as(cfg, 'FAILED')}; {resume_hint(cfg)}")
+            fail(err)
+        except KeyboardInterrupt as stop:
+            stopping.exit_stopped(stop, f"{recorded_as(cfg, 'KILLED')}; {resume_hint(cfg)}")
+        try:
+            print_summary(cfg, metrics, workload)
+        except BrokenPipeError:  # the job is done; Hydra would print it as its error
+            reader_gone()
+        value = metrics.get(workload.headline) if metrics else None
+        return worst_value(hydra_cfg) if value is None else float(value)
+
+
+def recorded_as(cfg, status: str) -> str:
+    """What a stopped or failed run's line says of its MLflow run, if it is recorded."""
+    return f"; the run is recorded as {status}" if cfg.tracking.enabled else ""
+
+
+def wrote_checkpoint(cfg) -> bool:
+    from kspipe import checkpoint
+
+    try:
+        checkpoint.latest(cfg.run_dir)
+    except KspipeError:
+        return False
+    return True
+
+
+def resume_hint(cfg) -> str:
+    """How a stopped run goes on: from its latest checkpoint, if it wrote one."""
+    if wrote_checkpoint(cfg):
+        return f"resume={cfg.run_dir} continues from its latest checkpoint"
+    if cfg.get("resume"):
+        return f"it wrote no checkpoint: resume={cfg.resume} again starts where it did"
+    return "it wrote no checkpoint to resume from"
+
+
+def worst_value(hydra_cfg) -> float:
+    """What a job without its headline metric (a failed one) gives a hyperparameter search:
+    the worst value, so the search goes on (optuna stops at a NaN)."""
+    direction = str(hydra_cfg.sweeper.get("direction", "maximize")).lower()
+    return float("inf") if "minimize" in direction else float("-inf")
+
+
+def print_summary(cfg, metrics: dict, workload) -> None:
+    """The closing line: the metrics ``workload`` names (its headline and rate first)."""
+    if not metrics:  # a host of a job across hosts without worker 0
+        print(f"kspipe: done: this host's part (run folder {cfg.run_dir})", flush=True)
+        return
+    shown = []
+    for name in workload.shown():
+        if name not in metrics:
+            continue
+        ci = metrics.get(name + "_ci95")
+        digits = 1 if name == workload.rate else 3
+        shown.append(f"{name} {metrics[name]:.{digits}f}"
+                     + (f" ± {ci:.3f}" if ci is not None else ""))
+    print("kspipe: done: " + ", ".join(shown) + f" (run folder {cfg.run_dir})", flush=True)

@@ -1,0 +1,33 @@
+"""The launchers' keys of the ``cluster`` config group: who starts a job's processes, and
+how the hosts of a job across hosts meet.
+
+:class:`LauncherConfig` is their schema, which each launcher declares with
+``kspipe_config_schemas``; the modes' keys of the group are
+:class:`kspipe.modes.config.ModeConfig`, and :func:`kspipe.schema.joined` makes the two one
+group.  Hydra refuses a misspelt key or a value of the wrong type while it composes the
+config; the launchers check the values themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class LauncherConfig:
+    """Who starts the processes, where they meet, and what a scheduler is given."""
+
+    # a job across hosts: the first host's launcher listens here (default: worker 0's port + 2)
+    control_port: Optional[int] = None
+    hosts_timeout_s: float = 300.0  # ... and fails if another host's launcher has not come
+    # the job's id, for processes a scheduler starts: they share outputs/job-<id> (default:
+    # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
+    job_id: Optional[str] = None
+    # who starts the processes: processes (this launcher, itself) | slurm (srun job steps,
+    # inside an allocation: kspipe/launchers/slurm.py) | paddlejob (a Kubernetes PaddleJob
+    # manifest to apply: kspipe/launchers/kubernetes.py) | paddle (python -m
+    # paddle.distributed.launch starts them: kspipe/launchers/paddle.py) | a plugin's
+    launcher: str = "processes"
+    slurm_args: List[str] = field(default_factory=list)  # sbatch options, when kspipe submits
+    image: Optional[str] = None  # launcher=paddlejob: the pods' container image

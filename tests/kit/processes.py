@@ -1,0 +1,49 @@
+"""Processes around a test's job: those of the job still running, a command stopped as a
+user stops it, and a machine kept busy."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def job_processes(run_dir) -> list[int]:
+    """The processes of the job whose run folder is ``run_dir`` that are still running
+    (every role kspipe's launchers start runs ``kspipe.cli.worker <run_dir>``)."""
+    out = subprocess.run(["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True,
+                         text=True).stdout.split()
+    return [int(pid) for pid in out if int(pid) != os.getpid()]
+
+
+def stopped_when(process, ready, timeout: float, signum: int = signal.SIGINT) -> str:
+    """Send ``process`` (a ``Popen`` with text pipes) the signal ``signum`` (by default a
+    user's Ctrl-C) once ``ready()`` holds, and return its standard error once it has ended;
+    it fails if ``process`` ends first or ``ready()`` takes over ``timeout`` seconds."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signum)
+        return process.communicate(timeout=60)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@contextlib.contextmanager
+def overloaded(processes: int = 3, seconds: int = 600):
+    """More busy processes than a 2-core machine has cores, while the block runs; each is
+    ended when the block ends, and by itself after ``seconds`` at the latest."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
