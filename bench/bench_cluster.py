@@ -25,10 +25,19 @@ def run_once(iterations: int, tasks: int, *overrides) -> tuple[dict, float]:
     from kspipe.testing import compose_config, plugin_manager
 
     with tempfile.TemporaryDirectory() as folder:
-        cfg = compose_config(["+experiment=omniglot_5way", f"train.meta_iters={iterations}",
-                              "eval.baseline=false", "eval.interval=0", f"eval.tasks={tasks}",
-                              "train.checkpoint_every=0", f"run_dir={folder}/run",
-                              "tracking.enabled=false", *overrides])
+        cfg = compose_config(
+            [
+                "+experiment=omniglot_5way",
+                f"train.meta_iters={iterations}",
+                "eval.baseline=false",
+                "eval.interval=0",
+                f"eval.tasks={tasks}",
+                "train.checkpoint_every=0",
+                f"run_dir={folder}/run",
+                "tracking.enabled=false",
+                *overrides,
+            ]
+        )
         start = time.perf_counter()
         metrics = run(cfg, plugin_manager())
         return metrics, time.perf_counter() - start
@@ -43,8 +52,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=("pserver", "collective"), default="pserver")
     parser.add_argument("--no-local", action="store_true", help="skip the local run")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; "
-          f"{args.iterations} meta-iterations x 5 tasks, {args.eval_tasks} test tasks")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; "
+        f"{args.iterations} meta-iterations x 5 tasks, {args.eval_tasks} test tasks"
+    )
     rows = [] if args.no_local else [("local", *run_once(args.iterations, args.eval_tasks))]
     for workers in args.workers:
         if args.mode == "pserver":
@@ -52,12 +63,24 @@ def main() -> None:
             extra = ["servers=1", f"cluster.strategy={args.strategy}"]
         else:
             name, extra = f"collective workers={workers}", []
-        rows.append((name, *run_once(args.iterations, args.eval_tasks, f"mode={args.mode}",
-                                     f"workers={workers}", *extra)))
+        rows.append(
+            (
+                name,
+                *run_once(
+                    args.iterations,
+                    args.eval_tasks,
+                    f"mode={args.mode}",
+                    f"workers={workers}",
+                    *extra,
+                ),
+            )
+        )
     print(f"{'job':<28} {'tasks/s':>8} {'test accuracy':>16} {'wall s':>7}")
     for name, m, wall in rows:
-        print(f"{name:<28} {m['tasks_per_s']:>8.2f} {m['test_accuracy']:>9.3f} ± "
-              f"{m['test_accuracy_ci95']:.3f} {wall:>7.0f}")
+        print(
+            f"{name:<28} {m['tasks_per_s']:>8.2f} {m['test_accuracy']:>9.3f} ± "
+            f"{m['test_accuracy_ci95']:.3f} {wall:>7.0f}"
+        )
 
 
 if __name__ == "__main__":

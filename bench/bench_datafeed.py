@@ -44,11 +44,18 @@ def build(folder: str, batch_size: int):
     from kspipe.testing import compose_config
 
     paddle.enable_static()
-    cfg = compose_config(["+experiment=ctr_datafeed", f"datafeed.desc={folder}/ctr.prototxt",
-                          f"datafeed.train_files={folder}/train",
-                          f"datafeed.test_files={folder}/test",
-                          f"datafeed.batch_size={batch_size}", "datafeed.fetch=[]",
-                          "datafeed.validate=false", "tracking.enabled=false"])
+    cfg = compose_config(
+        [
+            "+experiment=ctr_datafeed",
+            f"datafeed.desc={folder}/ctr.prototxt",
+            f"datafeed.train_files={folder}/train",
+            f"datafeed.test_files={folder}/test",
+            f"datafeed.batch_size={batch_size}",
+            "datafeed.fetch=[]",
+            "datafeed.validate=false",
+            "tracking.enabled=false",
+        ]
+    )
     role = Role()
     dataset = datafeed.kspipe_read_dataset(cfg=cfg, role=role)
     programs = ctr.kspipe_build_program(cfg=cfg, dataset=dataset, role=role)
@@ -89,8 +96,9 @@ def python_rate(dataset, programs) -> float:
     exe, scope = fresh(programs)
     start = time.perf_counter()
     seen = 0
-    for feed in python_batches(dataset.train_files, dataset.desc, dataset.batch_size,
-                               dict(dataset.dense_width)):
+    for feed in python_batches(
+        dataset.train_files, dataset.desc, dataset.batch_size, dict(dataset.dense_width)
+    ):
         exe.run(programs.main, feed=feed, fetch_list=[programs.loss], scope=scope)
         seen += len(feed["dense"])
     return seen / (time.perf_counter() - start)
@@ -113,12 +121,19 @@ def main() -> None:
     parser.add_argument("--lines-per-file", type=int, default=25000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pipeline", action="store_true",
-                        help="also run the whole experiment locally and on a 2-worker cluster")
-    parser.add_argument("--pipeline-only", action="store_true",
-                        help="only the whole experiment, locally and on a 2-worker cluster")
-    parser.add_argument("--measure", nargs=2, metavar=("FOLDER", "FEEDING"),
-                        help=argparse.SUPPRESS)  # one measurement, in a process of its own
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="also run the whole experiment locally and on a 2-worker cluster",
+    )
+    parser.add_argument(
+        "--pipeline-only",
+        action="store_true",
+        help="only the whole experiment, locally and on a 2-worker cluster",
+    )
+    parser.add_argument(
+        "--measure", nargs=2, metavar=("FOLDER", "FEEDING"), help=argparse.SUPPRESS
+    )  # one measurement, in a process of its own
     args = parser.parse_args()
     if args.measure:
         print(measure(args.measure[0], args.batch_size, args.measure[1]))
@@ -129,15 +144,28 @@ def main() -> None:
     def rate(folder: str, feeding: str) -> float:
         # A process per run: Paddle 2.6.2 keeps trainer state per process, and a second
         # train_from_dataset with another thread count aborts (multi_trainer.cc:138)
-        out = subprocess.run([sys.executable, __file__, "--batch-size", str(args.batch_size),
-                              "--measure", folder, feeding], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--batch-size",
+                str(args.batch_size),
+                "--measure",
+                folder,
+                feeding,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return float(out.strip().splitlines()[-1])
 
     with tempfile.TemporaryDirectory() as folder:
         ctr_data.generate(folder, args.files, 1, args.lines_per_file, seed=0)
-        print(f"{platform.machine()}, {os.cpu_count()} cores; {args.files * args.lines_per_file} "
-              f"instances in {args.files} files, batch {args.batch_size}")
+        print(
+            f"{platform.machine()}, {os.cpu_count()} cores; {args.files * args.lines_per_file} "
+            f"instances in {args.files} files, batch {args.batch_size}"
+        )
         if not args.pipeline_only:
             feeding_rows(folder, args.repeats, rate)
         if args.pipeline or args.pipeline_only:
@@ -183,10 +211,18 @@ def run_experiment(folder: str, overrides: list[str]) -> dict:
     from kspipe.testing import compose_config, plugin_manager
 
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose_config(["+experiment=ctr_datafeed", f"datafeed.desc={folder}/ctr.prototxt",
-                              f"datafeed.train_files={folder}/train",
-                              f"datafeed.test_files={folder}/test", f"run_dir={run_dir}",
-                              "tracking.enabled=false", "cluster.timeout_s=1200", *overrides])
+        cfg = compose_config(
+            [
+                "+experiment=ctr_datafeed",
+                f"datafeed.desc={folder}/ctr.prototxt",
+                f"datafeed.train_files={folder}/train",
+                f"datafeed.test_files={folder}/test",
+                f"run_dir={run_dir}",
+                "tracking.enabled=false",
+                "cluster.timeout_s=1200",
+                *overrides,
+            ]
+        )
         return run(cfg, plugin_manager())
 
 

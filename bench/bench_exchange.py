@@ -33,8 +33,8 @@ STEPS_JOB = Path(__file__).with_name("exchange_steps.py")
 
 
 def exchange_steps(folder: Path, params: int, steps: int) -> dict:
-    from kspipe.launchers.watcher import Cluster
     from kspipe.cluster.plan import launch_plan
+    from kspipe.launchers.watcher import Cluster
 
     out = {}
     for strategy in ("async", "sync", "geo"):
@@ -44,8 +44,12 @@ def exchange_steps(folder: Path, params: int, steps: int) -> dict:
         plan = launch_plan("pserver", 2, 1, threads=1)
         try:
             for p in plan:
-                cluster.start(p.role, p.index, p.env, [sys.executable, str(STEPS_JOB), strategy,
-                                                       str(params), str(steps), str(run)])
+                cluster.start(
+                    p.role,
+                    p.index,
+                    p.env,
+                    [sys.executable, str(STEPS_JOB), strategy, str(params), str(steps), str(run)],
+                )
             cluster.wait(timeout_s=600)
         finally:
             cluster.stop()
@@ -57,26 +61,58 @@ def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
     """{job: [its runs' metrics]}, the jobs alternated ``repeats`` times over."""
     site = folder / "site"
     source = folder / "src"
-    shutil.copytree(ROOT / "plugins" / "kspipe-classifier", source,
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(source)], check=True,
-                   env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"))
+    shutil.copytree(
+        ROOT / "plugins" / "kspipe-classifier",
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
+    )
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
     jobs = {"local": ["mode=local"]}
     for strategy in ("sync", "async", "geo"):
-        jobs[f"pserver {strategy}"] = ["mode=pserver", "workers=2", "servers=1",
-                                      f"cluster.strategy={strategy}"]
+        jobs[f"pserver {strategy}"] = [
+            "mode=pserver",
+            "workers=2",
+            "servers=1",
+            f"cluster.strategy={strategy}",
+        ]
     out = {name: [] for name in jobs}
     for repeat in range(repeats):
         for name, overrides in jobs.items():
             run = folder / f"{name.replace(' ', '-')}-{repeat}"
             result = subprocess.run(
-                [sys.executable, "-m", "kspipe.cli.command", "+experiment=blobs", *overrides,
-                 "classifier.batch_size=64", "classifier.train_points=16384",
-                 f"classifier.epochs={epochs}", "tracking.enabled=false", f"run_dir={run}"],
-                cwd=folder, env=env, capture_output=True, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "kspipe.cli.command",
+                    "+experiment=blobs",
+                    *overrides,
+                    "classifier.batch_size=64",
+                    "classifier.train_points=16384",
+                    f"classifier.epochs={epochs}",
+                    "tracking.enabled=false",
+                    f"run_dir={run}",
+                ],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if result.returncode:
                 raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
             out[name].append(json.loads((run / "metrics.json").read_text()))
@@ -85,15 +121,20 @@ def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", default="420,112451",
-                        help="parameter counts to exchange (420: the classifier's; 112,451: "
-                             "Reptile's Omniglot model)")
+    parser.add_argument(
+        "--params",
+        default="420,112451",
+        help="parameter counts to exchange (420: the classifier's; 112,451: "
+        "Reptile's Omniglot model)",
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--skip-workload", action="store_true")
-    parser.add_argument("--epochs", type=int, default=8,
-                        help="the classifier's epochs (256 steps of batch 64 each)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="runs of each classifier job, alternated")
+    parser.add_argument(
+        "--epochs", type=int, default=8, help="the classifier's epochs (256 steps of batch 64 each)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="runs of each classifier job, alternated"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -101,21 +142,27 @@ def main() -> None:
         for params in (int(p) for p in args.params.split(",")):
             for strategy, t in exchange_steps(folder, params, args.steps).items():
                 parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in t["parts"].items())
-                print(f"  {params:>7} parameters  {strategy:<5}  step {t['step'] * 1e3:6.2f}"
-                      f"  ({parts})")
+                print(
+                    f"  {params:>7} parameters  {strategy:<5}  step {t['step'] * 1e3:6.2f}"
+                    f"  ({parts})"
+                )
         if args.skip_workload:
             return
-        print(f"classifier plugin (+experiment=blobs), batch 64, 16,384 points, "
-              f"{args.epochs} epochs, {args.repeats} runs of each job, alternated")
+        print(
+            f"classifier plugin (+experiment=blobs), batch 64, 16,384 points, "
+            f"{args.epochs} epochs, {args.repeats} runs of each job, alternated"
+        )
         runs = classifier_runs(folder, args.epochs, args.repeats)
         local = statistics.median(m["samples_per_s"] for m in runs["local"])
         for name, metrics in runs.items():
             rates = [m["samples_per_s"] for m in metrics]
             rate = statistics.median(rates)
             accuracies = [m["test_accuracy"] for m in metrics]
-            print(f"  {name:<14} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
-                  f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
-                  f"{min(accuracies):.3f}-{max(accuracies):.3f})")
+            print(
+                f"  {name:<14} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
+                f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
+                f"{min(accuracies):.3f}-{max(accuracies):.3f})"
+            )
 
 
 if __name__ == "__main__":

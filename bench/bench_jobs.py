@@ -31,11 +31,18 @@ def one_job(data: Path, overrides: list[str]) -> tuple[float, float]:
     from kspipe.testing import tiny_overrides
 
     with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "kspipe.cli.command", "+experiment=omniglot_5way",
-                   *tiny_overrides(Path(folder), data), *overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "+experiment=omniglot_5way",
+            *tiny_overrides(Path(folder), data),
+            *overrides,
+        ]
         started, done = time.perf_counter(), None
-        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=folder)
+        job = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder
+        )
         for line in job.stdout:
             if line.startswith("kspipe: done"):
                 done = time.perf_counter() - started
@@ -62,8 +69,11 @@ def main() -> None:
         for mode in args.modes.split(","):
             times = [one_job(data, MODES[mode]) for _ in range(args.repeats)]
             done, ended = [t[0] for t in times], [t[1] for t in times]
-            print(f"| {mode} | {spread(done)} | {spread(ended)} | "
-                  f"{spread([e - d for d, e in times])} |", flush=True)
+            print(
+                f"| {mode} | {spread(done)} | {spread(ended)} | "
+                f"{spread([e - d for d, e in times])} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def full_run() -> tuple[float, float, str]:
     """Wall time and peak resident memory of ``kspipe +experiment=omniglot_5way``."""
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        result = subprocess.run(["kspipe", "+experiment=omniglot_5way"], cwd=folder,
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["kspipe", "+experiment=omniglot_5way"], cwd=folder, capture_output=True, text=True
+        )
         wall = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     summary = [line for line in result.stdout.splitlines() if line.startswith("kspipe: done")]
@@ -77,15 +78,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--full-run", action="store_true")
-    parser.add_argument("--default-kernels", action="store_true",
-                        help="Paddle's default conv kernels instead of oneDNN's")
+    parser.add_argument(
+        "--default-kernels",
+        action="store_true",
+        help="Paddle's default conv kernels instead of oneDNN's",
+    )
     args = parser.parse_args()
 
     import paddle
 
     from kspipe.fewshot import plugin as open_ks
-    from kspipe.reptile import plugin as reptile
     from kspipe.modes.role import Role
+    from kspipe.reptile import plugin as reptile
     from kspipe.testing import compose_config
 
     paddle.enable_static()
@@ -99,20 +103,26 @@ def main() -> None:
     scope = paddle.static.Scope()
     exe.run(programs.startup, scope=scope)
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, Paddle {paddle.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, Paddle {paddle.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     step10 = bare_step_ms(programs, exe, scope, 10, 200)
     step5 = bare_step_ms(programs, exe, scope, 5, 200)
     inner = cfg.train.inner_iters
     kernels = "default" if args.default_kernels else "oneDNN"
     print(f"convolution kernels: {kernels}")
     print(f"bare Paddle inner step: {step10:.2f} ms at batch 10, {step5:.2f} ms at batch 5")
-    print(f"bare loop bound: {1000 / (inner * step10):.2f} tasks/s "
-          f"({inner} steps of batch 10 per task)")
+    print(
+        f"bare loop bound: {1000 / (inner * step10):.2f} tasks/s "
+        f"({inner} steps of batch 10 per task)"
+    )
     meta_rate, task_rate = pipeline_rate(cfg, dataset, programs, exe, scope, args.iterations)
-    print(f"kspipe: {meta_rate:.3f} meta-iterations/s, {task_rate:.2f} tasks/s "
-          f"(meta-batch {cfg.train.meta_batch})")
+    print(
+        f"kspipe: {meta_rate:.3f} meta-iterations/s, {task_rate:.2f} tasks/s "
+        f"(meta-batch {cfg.train.meta_batch})"
+    )
     overhead = (1000 / task_rate) / (inner * step10) - 1
     print(f"pipeline overhead over the bare loop: {overhead * 100:+.1f}%")
     if args.full_run:

@@ -20,15 +20,31 @@ import sys
 import tempfile
 from pathlib import Path
 
-SMALL = ["datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
-         "datafeed.generated.lines_per_file=5000", "tracking.enabled=false"]
+SMALL = [
+    "datafeed.generated.train_files=4",
+    "datafeed.generated.test_files=1",
+    "datafeed.generated.lines_per_file=5000",
+    "tracking.enabled=false",
+]
 
 
 def run(folder: Path, name: str, *overrides) -> float:
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", "mode=pserver",
-         f"datafeed.generated.cache_dir={folder / 'cache'}", *SMALL, f"run_dir={folder / name}",
-         *overrides], cwd=folder, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "+experiment=ctr_datafeed",
+            "mode=pserver",
+            f"datafeed.generated.cache_dir={folder / 'cache'}",
+            *SMALL,
+            f"run_dir={folder / name}",
+            *overrides,
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
     return json.loads((folder / name / "metrics.json").read_text())["test_auc"]
@@ -51,17 +67,28 @@ def main() -> None:
         print(f"ctr, {args.workers} workers, {args.servers} servers: test AUC")
         for i in range(args.pairs):
             one.append(run(folder, f"one-{i}", *cluster, "ctr.epochs=1"))
-            resumed.append(run(folder, f"resumed-{i}", *cluster, "ctr.epochs=2",
-                               f"resume={folder / f'one-{i}'}"))
+            resumed.append(
+                run(
+                    folder,
+                    f"resumed-{i}",
+                    *cluster,
+                    "ctr.epochs=2",
+                    f"resume={folder / f'one-{i}'}",
+                )
+            )
             whole.append(run(folder, f"whole-{i}", *cluster, "ctr.epochs=2"))
-            print(f"  pair {i}: one epoch {one[-1]:.4f}, resumed to two {resumed[-1]:.4f}, "
-                  f"two uninterrupted {whole[-1]:.4f}", flush=True)
+            print(
+                f"  pair {i}: one epoch {one[-1]:.4f}, resumed to two {resumed[-1]:.4f}, "
+                f"two uninterrupted {whole[-1]:.4f}",
+                flush=True,
+            )
     print(f"one epoch:             {summary(one)}")
     print(f"resumed to two:        {summary(resumed)}")
     print(f"two uninterrupted:     {summary(whole)}")
     difference = statistics.mean(resumed) - statistics.mean(whole)
-    error = (statistics.variance(resumed) / len(resumed)
-             + statistics.variance(whole) / len(whole)) ** 0.5
+    error = (
+        statistics.variance(resumed) / len(resumed) + statistics.variance(whole) / len(whole)
+    ) ** 0.5
     print(f"resumed - uninterrupted: {difference:+.4f} (standard error {error:.4f})")
 
 

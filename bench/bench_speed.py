@@ -39,16 +39,27 @@ EXPERIMENT = "+experiment=omniglot_5way"
 #: When the parent started this child process (``time.time()``); a child started some other
 #: way counts from its own start.
 STARTED = float(os.environ.get("BENCH_STARTED", time.time()))
-KSPIPE_JOBS = {"kspipe, one task at a time": ["train.batch_tasks=false", "eval.batch_tasks=1"],
-               "kspipe, tasks side by side": []}
-JOB_KEYS = {"bare": "bare Paddle loop, reference's structure",
-            "before": "kspipe, one task at a time", "after": "kspipe, tasks side by side"}
+KSPIPE_JOBS = {
+    "kspipe, one task at a time": ["train.batch_tasks=false", "eval.batch_tasks=1"],
+    "kspipe, tasks side by side": [],
+}
+JOB_KEYS = {
+    "bare": "bare Paddle loop, reference's structure",
+    "before": "kspipe, one task at a time",
+    "after": "kspipe, tasks side by side",
+}
 
 
 def job_overrides(args) -> list[str]:
-    return [EXPERIMENT, f"train.meta_iters={args.meta_iters}", f"eval.tasks={args.test_tasks}",
-            "eval.train_tasks=1", "eval.baseline=false", "eval.interval=0",
-            "train.checkpoint_every=0"]
+    return [
+        EXPERIMENT,
+        f"train.meta_iters={args.meta_iters}",
+        f"eval.tasks={args.test_tasks}",
+        "eval.train_tasks=1",
+        "eval.baseline=false",
+        "eval.interval=0",
+        "train.checkpoint_every=0",
+    ]
 
 
 def report(**values) -> None:
@@ -59,6 +70,7 @@ def report(**values) -> None:
 
 # --- the bare loop ------------------------------------------------------------------
 
+
 def reference_job(args) -> None:
     """The reference's structure in a bare Paddle loop, on kspipe's model and tasks."""
     import paddle
@@ -67,14 +79,13 @@ def reference_job(args) -> None:
     from kspipe.fewshot import plugin as fewshot
     from kspipe.fewshot.data import sample_task
     from kspipe.modes.role import Role
-    from kspipe.reptile.tasks import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, TRAIN_STREAM, nchw
     from kspipe.reptile.programs import build_programs, inner_batches, meta_step_size
+    from kspipe.reptile.tasks import EVAL_TEST_STREAM, EVAL_TRAIN_STREAM, TRAIN_STREAM, nchw
     from kspipe.testing import compose_config
 
     cfg = compose_config(job_overrides(args))
     dataset = fewshot.kspipe_read_dataset(cfg=cfg, role=Role())
-    p = build_programs(dataset.image_shape, cfg.task.ways, cfg.model, cfg.train.inner_lr,
-                       cfg.seed)
+    p = build_programs(dataset.image_shape, cfg.task.ways, cfg.model, cfg.train.inner_lr, cfg.seed)
     use_onednn(p.train, p.forward)
     exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
     exe.run(p.startup, scope=scope)
@@ -103,8 +114,10 @@ def reference_job(args) -> None:
                 step(x[idx], t.support_y[idx])
             adapted.append(export(p.params))
         eps = meta_step_size(i, train.meta_iters, train.meta_step, train.meta_step_final)
-        load(p.params, [old + eps * (np.mean(new, axis=0) - old)
-                        for old, *new in zip(theta, *adapted)])
+        load(
+            p.params,
+            [old + eps * (np.mean(new, axis=0) - old) for old, *new in zip(theta, *adapted)],
+        )
     trained = time.perf_counter() - began
 
     def evaluate(classes, tasks, stream):
@@ -116,8 +129,9 @@ def reference_job(args) -> None:
             load(p.state, state)
             for idx in inner_batches(len(x), cfg.eval.inner_batch, cfg.eval.inner_iters, rng):
                 step(x[idx], t.support_y[idx])
-            (logits,) = exe.run(p.forward, feed={"x": nchw(t.query_x)}, fetch_list=[p.logits],
-                                scope=scope)
+            (logits,) = exe.run(
+                p.forward, feed={"x": nchw(t.query_x)}, fetch_list=[p.logits], scope=scope
+            )
             accuracies.append(np.mean(np.asarray(logits).argmax(axis=1) == t.query_y))
         load(p.state, state)
         acc = np.array(accuracies)
@@ -127,11 +141,17 @@ def reference_job(args) -> None:
     accuracy, ci = evaluate(dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM)
     evaluate(dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM)
     evaluated = time.perf_counter()
-    report(startup_s=startup, train_s=trained, eval_s=evaluated - began, test_accuracy=accuracy,
-           test_accuracy_ci95=ci)
+    report(
+        startup_s=startup,
+        train_s=trained,
+        eval_s=evaluated - began,
+        test_accuracy=accuracy,
+        test_accuracy_ci95=ci,
+    )
 
 
 # --- kspipe -------------------------------------------------------------------------
+
 
 class Stamped(io.TextIOBase):
     """The standard error that also keeps each line written to it with the time it came
@@ -174,11 +194,18 @@ def kspipe_job(overrides: list[str]) -> None:
     rate = float(re.search(r"tasks_per_s ([\d.]+)", line).group(1))
     first, trained = progress.at("meta-train")[0], progress.at("meta-train")[-1]
     evaluated = progress.at("evaluate")[-1]
-    report(test_accuracy=float(acc), test_accuracy_ci95=float(ci), tasks_per_s=rate,
-           startup_s=first - STARTED, train_s=trained - first, eval_s=evaluated - trained)
+    report(
+        test_accuracy=float(acc),
+        test_accuracy_ci95=float(ci),
+        tasks_per_s=rate,
+        startup_s=first - STARTED,
+        train_s=trained - first,
+        eval_s=evaluated - trained,
+    )
 
 
 # --- one inner step -----------------------------------------------------------------
+
 
 def step_times(threads: int) -> dict:
     """ms of one inner step: per task at batch 10 and 5, and T tasks side by side; and of
@@ -214,9 +241,11 @@ def step_times(threads: int) -> dict:
     for _ in range(200):
         exe.run(p.restore_theta, scope=scope)
     use_onednn(p.train)
-    out = {"an executor call of 14 copies": (time.perf_counter() - start) / 200 * 1000,
-           "1 task, batch 10": timed(p.train, 1, 10, 100),
-           "1 task, batch 5": timed(p.train, 1, 5, 100)}
+    out = {
+        "an executor call of 14 copies": (time.perf_counter() - start) / 200 * 1000,
+        "1 task, batch 10": timed(p.train, 1, 10, 100),
+        "1 task, batch 5": timed(p.train, 1, 5, 100),
+    }
     built = {}
     for tasks, batch in ((5, 10), (10, 5), (20, 5), (3, 10), (2, 10)):
         b = built[tasks] = build_batched_programs(p, tasks, **options)
@@ -228,8 +257,9 @@ def step_times(threads: int) -> dict:
     # Two threads at once, each with its own executor and scope (kspipe's train.threads and
     # eval.threads): the time of a step of both.
     for shares, batch in (((10, 10), 5), ((3, 2), 10)):
-        out[f"two threads, {' + '.join(map(str, shares))} tasks, batch {batch}"] = \
-            two_threads(exe, [built[t] for t in shares], batch, rng, 30)
+        out[f"two threads, {' + '.join(map(str, shares))} tasks, batch {batch}"] = two_threads(
+            exe, [built[t] for t in shares], batch, rng, 30
+        )
     return out
 
 
@@ -256,9 +286,18 @@ def two_threads(exe, programs, batch, rng, steps) -> float:
 
     ready = threading.Barrier(len(programs))
     times: list = []
-    threads = [threading.Thread(target=lane, args=(
-        b, rng.random((batch, b.tasks, 28, 28), dtype=np.float32),
-        rng.integers(0, 5, (b.tasks, batch, 1)), times)) for b in programs]
+    threads = [
+        threading.Thread(
+            target=lane,
+            args=(
+                b,
+                rng.random((batch, b.tasks, 28, 28), dtype=np.float32),
+                rng.integers(0, 5, (b.tasks, batch, 1)),
+                times,
+            ),
+        )
+        for b in programs
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -268,16 +307,18 @@ def two_threads(exe, programs, batch, rng, steps) -> float:
 
 # --- the parent ---------------------------------------------------------------------
 
+
 def child(argv: list[str], cwd: str, env: dict = None) -> tuple[float, dict]:
     start = time.perf_counter()
     env = {**os.environ, **(env or {}), "BENCH_STARTED": repr(time.time())}
-    result = subprocess.run([sys.executable, __file__, *argv], cwd=cwd, capture_output=True,
-                            text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, __file__, *argv], cwd=cwd, capture_output=True, text=True, env=env
+    )
     wall = time.perf_counter() - start
     lines = [s for s in result.stdout.splitlines() if s.startswith("BENCH ")]
     if result.returncode or not lines:
         raise SystemExit(f"{argv[0]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return wall, json.loads(lines[-1][len("BENCH "):])
+    return wall, json.loads(lines[-1][len("BENCH ") :])
 
 
 def main() -> None:
@@ -286,10 +327,12 @@ def main() -> None:
     parser.add_argument("--test-tasks", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-steps", action="store_true", help="skip the inner-step times")
-    parser.add_argument("--jobs", default="bare,before,after",
-                        help="which jobs, of bare, before and after (the bare loop comes first)")
-    parser.add_argument("--child", choices=("reference", "kspipe", "steps"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--jobs",
+        default="bare,before,after",
+        help="which jobs, of bare, before and after (the bare loop comes first)",
+    )
+    parser.add_argument("--child", choices=("reference", "kspipe", "steps"), help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "reference":
@@ -301,19 +344,27 @@ def main() -> None:
 
     import paddle
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, Paddle {paddle.__version__}, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, Paddle {paddle.__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.2f}"
+    )
     tasks = args.meta_iters * 5
-    print(f"work: {args.meta_iters} meta-iterations ({tasks} tasks), then "
-          f"{args.test_tasks} test tasks of 50 steps")
+    print(
+        f"work: {args.meta_iters} meta-iterations ({tasks} tasks), then "
+        f"{args.test_tasks} test tasks of 50 steps"
+    )
     if not args.no_steps:
         for threads in (1, 2):
-            _, times = child(["--child", "steps", str(threads)], os.getcwd(),
-                             {"OMP_NUM_THREADS": str(threads)})
+            _, times = child(
+                ["--child", "steps", str(threads)], os.getcwd(), {"OMP_NUM_THREADS": str(threads)}
+            )
             times.pop("peak_mib")
-            print(f"OMP_NUM_THREADS={threads}: "
-                  + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()), flush=True)
+            print(
+                f"OMP_NUM_THREADS={threads}: "
+                + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()),
+                flush=True,
+            )
     size = ["--meta-iters", str(args.meta_iters), "--test-tasks", str(args.test_tasks)]
     jobs = {"bare Paddle loop, reference's structure": ["--child", "reference", *size]}
     for name, extra in KSPIPE_JOBS.items():
@@ -326,27 +377,38 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as folder:
                 wall, figures = child(argv, folder)
             figures["whole_s"] = wall
-            figures["end_s"] = wall - figures["startup_s"] - figures["train_s"] \
-                - figures["eval_s"]  # from the evaluation's end to the process's exit
+            figures["end_s"] = (
+                wall - figures["startup_s"] - figures["train_s"] - figures["eval_s"]
+            )  # from the evaluation's end to the process's exit
             phases[name].append(figures)
-            print(f"[{repeat + 1}] {name}: {wall:.1f} s whole process "
-                  f"({(tasks + args.test_tasks) / wall:.2f} tasks/s): start-up "
-                  f"{figures['startup_s']:.1f} s, training {figures['train_s']:.1f} s "
-                  f"({tasks / figures['train_s']:.1f} tasks/s), evaluation "
-                  f"{figures['eval_s']:.1f} s, end {figures['end_s']:.1f} s; test accuracy "
-                  f"{figures['test_accuracy']:.3f} ± {figures['test_accuracy_ci95']:.3f}, peak "
-                  f"{figures['peak_mib']:.0f} MiB, load average {os.getloadavg()[0]:.2f}",
-                  flush=True)
+            print(
+                f"[{repeat + 1}] {name}: {wall:.1f} s whole process "
+                f"({(tasks + args.test_tasks) / wall:.2f} tasks/s): start-up "
+                f"{figures['startup_s']:.1f} s, training {figures['train_s']:.1f} s "
+                f"({tasks / figures['train_s']:.1f} tasks/s), evaluation "
+                f"{figures['eval_s']:.1f} s, end {figures['end_s']:.1f} s; test accuracy "
+                f"{figures['test_accuracy']:.3f} ± {figures['test_accuracy_ci95']:.3f}, peak "
+                f"{figures['peak_mib']:.0f} MiB, load average {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     bare = best(phases[next(iter(jobs))])
     for name, runs in phases.items():
         mine = best(runs)
-        print(f"{name}: best of each phase: " + ", ".join(
-            f"{label} {mine[phase]:.1f} s ({bare[phase] / mine[phase]:.2f}x the bare loop)"
-            for phase, label in PHASES.items()))
+        print(
+            f"{name}: best of each phase: "
+            + ", ".join(
+                f"{label} {mine[phase]:.1f} s ({bare[phase] / mine[phase]:.2f}x the bare loop)"
+                for phase, label in PHASES.items()
+            )
+        )
 
 
-PHASES = {"whole_s": "whole", "startup_s": "start-up", "train_s": "training",
-          "eval_s": "evaluation"}
+PHASES = {
+    "whole_s": "whole",
+    "startup_s": "start-up",
+    "train_s": "training",
+    "eval_s": "evaluation",
+}
 
 
 def best(runs: list[dict]) -> dict:

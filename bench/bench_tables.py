@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -50,11 +49,25 @@ def write_files(folder: Path, ids: int, files: int = 4) -> None:
 
 def kspipe(folder: Path, *overrides) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", "mode=pserver",
-         "workers=2", f"datafeed.desc={folder / 'desc.prototxt'}",
-         f"datafeed.train_files={folder / 'train'}", f"datafeed.test_files={folder / 'test'}",
-         "ctr.epochs=1", "tracking.enabled=false", "cluster.timeout_s=1800", *overrides],
-        cwd=folder, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "+experiment=ctr_datafeed",
+            "mode=pserver",
+            "workers=2",
+            f"datafeed.desc={folder / 'desc.prototxt'}",
+            f"datafeed.train_files={folder / 'train'}",
+            f"datafeed.test_files={folder / 'test'}",
+            "ctr.epochs=1",
+            "tracking.enabled=false",
+            "cluster.timeout_s=1800",
+            *overrides,
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         raise SystemExit(result.stderr[-3000:])
     return result
@@ -78,18 +91,27 @@ def main() -> None:
         (saved,) = (folder / "one" / "checkpoints").iterdir()
         manifest = json.loads((saved / "tables" / "manifest.json").read_text())
         size = sum(manifest["files"].values())
-        resumed = kspipe(folder, f"servers={args.servers}", hash_size,
-                         f"run_dir={folder / 'again'}", f"resume={folder / 'one'}")
+        resumed = kspipe(
+            folder,
+            f"servers={args.servers}",
+            hash_size,
+            f"run_dir={folder / 'again'}",
+            f"resume={folder / 'one'}",
+        )
         before = json.loads((folder / "one" / "metrics.json").read_text())
         after = json.loads((folder / "again" / "metrics.json").read_text())
-        print(f"{args.ids:,} ids on {args.servers} servers: tables {size / 2**20:.1f} MiB in "
-              f"{len(manifest['files'])} files")
+        print(
+            f"{args.ids:,} ids on {args.servers} servers: tables {size / 2**20:.1f} MiB in "
+            f"{len(manifest['files'])} files"
+        )
         written = seconds(r"checkpoint \S+ written in ([0-9.]+) s", trained.stderr)
         loaded = seconds(r"tables loaded in ([0-9.]+) s", resumed.stderr)
         print(f"  checkpoint written in {written:.2f} s, tables loaded in {loaded:.2f} s")
-        print(f"  test AUC saved {before['test_auc']:.6f}, restored {after['test_auc']:.6f}"
-              f" (apart by {abs(before['test_auc'] - after['test_auc']):.1e}: the servers "
-              f"write tables as text, 6 significant digits)")
+        print(
+            f"  test AUC saved {before['test_auc']:.6f}, restored {after['test_auc']:.6f}"
+            f" (apart by {abs(before['test_auc'] - after['test_auc']):.1e}: the servers "
+            f"write tables as text, 6 significant digits)"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def main(strategy: str, params: int, steps: int, out: str) -> None:
     sync.finish(scope)
     if role.worker_index() == 0:
         with open(os.path.join(out, "worker0.json"), "w") as f:
-            json.dump({"step": seconds / steps,
-                       "parts": {k: v / steps for k, v in sync.seconds.items()}}, f)
+            json.dump(
+                {"step": seconds / steps, "parts": {k: v / steps for k, v in sync.seconds.items()}},
+                f,
+            )
     sync.close(clean=True)
 
 

@@ -2,7 +2,8 @@
 seed's API.  It runs unchanged in one process and on local clusters:
 
     python examples/openks_quickstart.py --out /tmp/qs
-    kspipe-launch --mode cpu --worker_num 2 --server_num 1 examples/openks_quickstart.py --out /tmp/qs
+    kspipe-launch --mode cpu --worker_num 2 --server_num 1 \
+        examples/openks_quickstart.py --out /tmp/qs
     kspipe-launch --mode gpu --worker_num 2 examples/openks_quickstart.py --flag 1 --out /tmp/qs
 """
 
@@ -11,11 +12,22 @@ import argparse
 import numpy as np
 import paddle
 
-from kspipe.openks import (AsyncStrategy, CollectiveStrategy, GeoStrategy, KSDistributedFactory,
-                           PaddleCloudRoleMaker, SyncStrategy)
+from kspipe.openks import (
+    AsyncStrategy,
+    CollectiveStrategy,
+    GeoStrategy,
+    KSDistributedFactory,
+    PaddleCloudRoleMaker,
+    SyncStrategy,
+)
 
-STRATEGIES = {"async": AsyncStrategy(), "sync": SyncStrategy(), "geo": GeoStrategy(k_steps=4),
-              "allreduce": CollectiveStrategy(), "local_sgd": CollectiveStrategy("local_sgd", 4)}
+STRATEGIES = {
+    "async": AsyncStrategy(),
+    "sync": SyncStrategy(),
+    "geo": GeoStrategy(k_steps=4),
+    "allreduce": CollectiveStrategy(),
+    "local_sgd": CollectiveStrategy("local_sgd", 4),
+}
 
 
 def make_data(rng, n, truth):
@@ -42,8 +54,9 @@ def main():
 
     algorithm = KSDistributedFactory.instantiation(flag=args.flag)
     algorithm.init(PaddleCloudRoleMaker(is_collective=args.flag == 1))
-    optimizer = algorithm.distributed_optimizer(paddle.optimizer.SGD(0.1),
-                                                STRATEGIES[args.strategy])
+    optimizer = algorithm.distributed_optimizer(
+        paddle.optimizer.SGD(0.1), STRATEGIES[args.strategy]
+    )
     optimizer.minimize(loss)
 
     if algorithm.is_server():
@@ -55,17 +68,24 @@ def main():
     algorithm.init_worker()
     truth = np.random.default_rng(0).normal(size=16)
     rng = np.random.default_rng(100 + algorithm.worker_index())
-    for step in range(args.steps):
+    for _ in range(args.steps):
         bx, by = make_data(rng, 32, truth)
-        (value,) = exe.run(paddle.static.default_main_program(), feed={"x": bx, "y": by},
-                           fetch_list=[loss])
+        (value,) = exe.run(
+            paddle.static.default_main_program(), feed={"x": bx, "y": by}, fetch_list=[loss]
+        )
     test_x, test_y = make_data(np.random.default_rng(7), 500, truth)
     algorithm.barrier_workers()
-    (out,) = exe.run(paddle.static.default_main_program().clone(for_test=True),
-                     feed={"x": test_x, "y": test_y}, fetch_list=[logits])
+    (out,) = exe.run(
+        paddle.static.default_main_program().clone(for_test=True),
+        feed={"x": test_x, "y": test_y},
+        fetch_list=[logits],
+    )
     accuracy = float(np.mean(out.argmax(axis=1) == test_y.ravel()))
-    print(f"worker {algorithm.worker_index()} of {algorithm.worker_num()}: "
-          f"final loss {float(np.mean(value)):.3f} accuracy {accuracy:.3f}", flush=True)
+    print(
+        f"worker {algorithm.worker_index()} of {algorithm.worker_num()}: "
+        f"final loss {float(np.mean(value)):.3f} accuracy {accuracy:.3f}",
+        flush=True,
+    )
     if algorithm.is_first_worker():
         algorithm.save_inference_model(exe, args.out, ["x"], [logits])
     algorithm.stop_worker()

@@ -29,8 +29,9 @@ TABLES = "tables"  # a checkpoint's folder of the tables kept outside the worker
 UNFINISHED = ".tmp"  # a checkpoint being written
 
 
-def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
-         tables=None) -> str:
+def save(
+    program, scope, folder: str, step: int, progress: dict, keep: int, cfg, tables=None
+) -> str:
     """Write ``program``'s persistables in ``scope``, ``progress`` and the resolved ``cfg``;
     keep the newest ``keep``.
 
@@ -38,7 +39,6 @@ def save(program, scope, folder: str, step: int, progress: dict, keep: int, cfg,
     servers' shards, :meth:`kspipe.modes.role.Role.save_tables`) into ``<checkpoint>/tables``
     before the checkpoint is complete.
     """
-    import paddle
     from omegaconf import OmegaConf
 
     final = os.path.join(folder, f"checkpoint-{step:07d}")
@@ -76,8 +76,9 @@ def load(program, scope, path: str, key: str = "resume") -> dict:
 
     found = latest(user_path(path), key)
     progress = read_progress(found, f"{key}={path}")
-    state = read_state(program, os.path.join(found, "state"), f"{key}={path}",
-                       held_names(program, scope))
+    state = read_state(
+        program, os.path.join(found, "state"), f"{key}={path}", held_names(program, scope)
+    )
     with paddle.static.scope_guard(scope):
         paddle.static.set_program_state(program, state)
     return progress
@@ -92,8 +93,11 @@ def write_state(program, scope, prefix: str) -> None:
 
     held = held_names(program, scope)
     for suffix, belongs in ((".pdparams", is_parameter), (".pdopt", is_belong_to_optimizer)):
-        arrays = {var.name: np.array(scope.find_var(var.name).get_tensor())
-                  for var in program.list_vars() if belongs(var) and var.name in held}
+        arrays = {
+            var.name: np.array(scope.find_var(var.name).get_tensor())
+            for var in program.list_vars()
+            if belongs(var) and var.name in held
+        }
         with open(prefix + suffix, "wb") as f:
             pickle.dump(arrays, f, protocol=4)
     with open(prefix + ".pdmodel", "wb") as f:
@@ -142,8 +146,10 @@ def read_state(program, prefix: str, label: str, names: set | None = None) -> di
 
     variables = [var for var in program.list_vars() if names is None or var.name in names]
     state = {}
-    for suffix, belongs, others_allowed in ((".pdparams", is_parameter, False),
-                                            (".pdopt", is_belong_to_optimizer, True)):
+    for suffix, belongs, others_allowed in (
+        (".pdparams", is_parameter, False),
+        (".pdopt", is_belong_to_optimizer, True),
+    ):
         wanted = {var.name: tuple(var.shape) for var in variables if belongs(var)}
         file = prefix + suffix
         if not wanted and not os.path.exists(file):
@@ -164,8 +170,9 @@ def read_arrays(file: str, label: str) -> dict:
         with open(file, "rb") as f:
             arrays = pickle.load(f, encoding="latin1")
     except Exception as err:  # missing, truncated, not a pickle: the same to the user
-        raise ConfigError(f"{label}: cannot read {file}: "
-                          f"{first_line(err) or type(err).__name__}") from err
+        raise ConfigError(
+            f"{label}: cannot read {file}: {first_line(err) or type(err).__name__}"
+        ) from err
     if not isinstance(arrays, dict):
         raise ConfigError(f"{label}: {file} holds no saved state")
     return arrays
@@ -188,8 +195,11 @@ def misfit(saved: dict, wanted: dict, others_allowed: bool) -> str:
 def checkpoints(folder: str) -> list[str]:
     if not os.path.isdir(folder):
         return []
-    return [os.path.join(folder, n) for n in os.listdir(folder)
-            if n.startswith("checkpoint-") and not n.endswith(UNFINISHED)]
+    return [
+        os.path.join(folder, n)
+        for n in os.listdir(folder)
+        if n.startswith("checkpoint-") and not n.endswith(UNFINISHED)
+    ]
 
 
 def discard_unfinished(run_dir: str) -> None:

@@ -8,8 +8,6 @@ import os
 from kspipe.errors import ConfigError
 
 
-
-
 def compile_options(cfg, train, *others, on_cpu: bool = True):
     """Apply ``cfg.compile`` to a workload's programs; return ``train`` compiled with the
     BuildStrategy options, or None when there are none (run ``train`` as it is).
@@ -37,9 +35,13 @@ def build_options(cfg) -> dict:
 
 
 #: ExecutionStrategy options of the Fluid era that Paddle 2.6.2 no longer applies anywhere.
-GONE_EXECUTION_OPTIONS = ("num_iteration_per_drop_scope", "allow_op_delay",
-                          "num_iteration_per_run", "use_thread_barrier",
-                          "use_experimental_executor")
+GONE_EXECUTION_OPTIONS = (
+    "num_iteration_per_drop_scope",
+    "allow_op_delay",
+    "num_iteration_per_run",
+    "use_thread_barrier",
+    "use_experimental_executor",
+)
 
 
 def apply_execution_strategy(options: dict) -> None:
@@ -50,13 +52,17 @@ def apply_execution_strategy(options: dict) -> None:
 
             core.set_num_threads(int(value))
         elif name in GONE_EXECUTION_OPTIONS:
-            raise ConfigError(f"compile.execution_strategy.{name}: Paddle 2.6.2 no longer "
-                              f"honours it (ExecutionStrategy went with ParallelExecutor and "
-                              f"CompiledProgram.with_data_parallel; the standalone executor "
-                              f"manages its threads and scopes itself)")
+            raise ConfigError(
+                f"compile.execution_strategy.{name}: Paddle 2.6.2 no longer "
+                f"honours it (ExecutionStrategy went with ParallelExecutor and "
+                f"CompiledProgram.with_data_parallel; the standalone executor "
+                f"manages its threads and scopes itself)"
+            )
         else:
-            raise ConfigError(f"compile.execution_strategy.{name}: no such option "
-                              f"(num_threads is the one Paddle 2.6.2 honours)")
+            raise ConfigError(
+                f"compile.execution_strategy.{name}: no such option "
+                f"(num_threads is the one Paddle 2.6.2 honours)"
+            )
 
 
 ONEDNN_OPS = ("conv2d", "conv2d_grad")
@@ -83,7 +89,8 @@ def compile_with(program, options: dict):
     strategy = paddle.static.BuildStrategy()
     for name, value in options.items():
         if not hasattr(strategy, name):
-            raise ConfigError(f"compile.build_strategy.{name}: Paddle's BuildStrategy has "
-                              f"no such option")
+            raise ConfigError(
+                f"compile.build_strategy.{name}: Paddle's BuildStrategy has no such option"
+            )
         setattr(strategy, name, value)
     return paddle.static.CompiledProgram(program, build_strategy=strategy)

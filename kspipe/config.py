@@ -20,7 +20,8 @@ def compose(overrides=(), config_dirs=(), schemas=None):
     groups' dataclasses (``{group: dataclass}``), as plugins add.  A value of the wrong
     type, a key no schema knows or an unknown option raises :class:`ConfigError`.
     """
-    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -54,8 +55,10 @@ def explain(err: Exception, overrides: list[str]) -> str:
     text = str(err)
     if text.startswith("Ambiguous value for argument '"):
         override = text.split("'")[1]
-        return (f"{override}: several values are a sweep, which needs -m "
-                "(a list is [a,b]; a string with commas is quoted)")
+        return (
+            f"{override}: several values are a sweep, which needs -m "
+            "(a list is [a,b]; a string with commas is quoted)"
+        )
     cause = err if hasattr(err, "full_key") else (err.__cause__ or err.__context__)
     full_key = getattr(cause, "full_key", None)
     if not full_key:
@@ -123,7 +126,7 @@ def hydra_override(message: str):
     """The override, as typed, that Hydra's ``message`` says it could not apply, else None."""
     lines = message.splitlines()
     if lines[0].startswith("Error merging override "):
-        return lines[0][len("Error merging override "):]
+        return lines[0][len("Error merging override ") :]
     if lines[0].startswith("Could not override ") and len(lines) > 1 and " use +" in lines[1]:
         return lines[1].split(" use +", 1)[1]
     return None
@@ -133,8 +136,11 @@ def given(overrides: list[str], full_key: str):
     """The override, as typed, that set ``full_key`` (or a key in it, or its list), else None."""
     for override in overrides:
         key = override.lstrip("+~").partition("=")[0]
-        if full_key == key or full_key.startswith((key + ".", key + "[")) or (
-                key.startswith(full_key + ".")):
+        if (
+            full_key == key
+            or full_key.startswith((key + ".", key + "["))
+            or (key.startswith(full_key + "."))
+        ):
             return override
     return None
 

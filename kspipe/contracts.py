@@ -43,8 +43,7 @@ class Role(Protocol):
     def all_gather(self, value: float) -> list:
         """Every worker's ``value``, in worker order."""
 
-    def all_reduce_worker(self, input: np.ndarray, output: np.ndarray,
-                          mode: str = "sum") -> None:
+    def all_reduce_worker(self, input: np.ndarray, output: np.ndarray, mode: str = "sum") -> None:
         """``output`` becomes the workers' ``input`` combined by ``mode`` (sum, min, max)."""
 
     def barrier_worker(self) -> None: ...
@@ -54,8 +53,9 @@ class Role(Protocol):
         """Why this mode cannot give the workload its ``needs`` (:data:`NEEDS`); None if
         it can (the pipeline asks before any process starts)."""
 
-    def distributed_optimizer(self, optimizer: Any, strategy: dict | None = None,
-                              feeding: str = "executor") -> Any:
+    def distributed_optimizer(
+        self, optimizer: Any, strategy: dict | None = None, feeding: str = "executor"
+    ) -> Any:
         """``optimizer``, whose ``minimize(loss)`` writes the mode's exchange into the
         program; ``feeding``: ``"executor"`` or ``"dataset"`` (``train_from_dataset``)."""
 
@@ -63,8 +63,7 @@ class Role(Protocol):
         """An exchange of the parameters ``shapes`` (``{name: shape}``) names, for a
         workload that makes its own updates."""
 
-    def embedding(self, ids: Any, size: list, param_attr: Any,
-                  feeding: str = "executor") -> Any:
+    def embedding(self, ids: Any, size: list, param_attr: Any, feeding: str = "executor") -> Any:
         """An embedding table of ``size`` = [rows, width] where the mode keeps it, looked
         up with the int64 ``ids``."""
 
@@ -139,8 +138,9 @@ class ProcessLauncher(Protocol):
     def hands_off(self, cfg: Config) -> bool: ...
     def hand_off(self, cfg: Config, overrides: list) -> str: ...
     def check(self, cfg: Config, processes: int) -> None: ...
-    def plan(self, kind: str, cfg: Config, workers: Any, servers: Any = None,
-             **options: Any) -> list: ...
+    def plan(
+        self, kind: str, cfg: Config, workers: Any, servers: Any = None, **options: Any
+    ) -> list: ...
     def command(self, planned: Any, command: list) -> list: ...
 
 

@@ -149,7 +149,12 @@ def kspipe_compile_program(cfg: Config, role: Role, programs: object) -> object:
 
 @hookspec(firstresult=True)
 def kspipe_execute(
-    cfg: Config, role: Role, dataset: object, programs: object, executor: object, scope: object,
+    cfg: Config,
+    role: Role,
+    dataset: object,
+    programs: object,
+    executor: object,
+    scope: object,
     reporter: Reporter,
 ) -> dict:
     """Run the job: train, evaluate, checkpoint (stage ``execute``).
@@ -207,8 +212,9 @@ def kspipe_check_config(cfg: Config) -> None:
 
 
 @hookspec
-def kspipe_run_start(cfg: Config, role: Role | ClusterJob, run_dir: str,
-                     workload: Workload) -> None:
+def kspipe_run_start(
+    cfg: Config, role: Role | ClusterJob, run_dir: str, workload: Workload
+) -> None:
     """A run starts, after the config was validated and the role assigned.
 
     :param cfg: the composed config.

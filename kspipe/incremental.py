@@ -65,12 +65,15 @@ def check_source(cfg, key: str = "init_from") -> None:
         return
     for other in ("resume", "evaluate"):
         if cfg.get(other):
-            raise ConfigError(f"{key}= starts a new run from a saved model, {other}= "
-                              f"continues or evaluates one: give one of them")
+            raise ConfigError(
+                f"{key}= starts a new run from a saved model, {other}= "
+                f"continues or evaluates one: give one of them"
+            )
     workload = saved_workload(os.path.dirname(state_prefix(path, key)))
     if workload and workload != cfg.stages.program:
-        raise ConfigError(f"{key}={path}: saved by the {workload} workload, this run is "
-                          f"{cfg.stages.program}")
+        raise ConfigError(
+            f"{key}={path}: saved by the {workload} workload, this run is {cfg.stages.program}"
+        )
 
 
 def saved_workload(found: str) -> str | None:
@@ -98,8 +101,11 @@ def read_saved(path: str, key: str = "init_from") -> SavedModel:
     label = f"{key}={path}"
     prefix = state_prefix(path, key)
     found = os.path.dirname(prefix)
-    model = SavedModel(prefix + ".pdparams", checkpoint.read_arrays(prefix + ".pdparams", label),
-                       workload=saved_workload(found))
+    model = SavedModel(
+        prefix + ".pdparams",
+        checkpoint.read_arrays(prefix + ".pdparams", label),
+        workload=saved_workload(found),
+    )
     if os.path.isfile(prefix + ".pdopt"):
         model.optimizer = checkpoint.read_arrays(prefix + ".pdopt", label)
     tables = os.path.join(found, checkpoint.TABLES)
@@ -127,8 +133,10 @@ def start_from(cfg, program, scope, run_dir: str, reporter=None, key: str = "ini
     held = holds & set(wanted)
     extra = sorted((set(model.dense) | set(model.tables)) - set(wanted))
     if extra:
-        raise ConfigError(f"{label}: {model.where} was saved by another model: the model has "
-                          f"no {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+        raise ConfigError(
+            f"{label}: {model.where} was saved by another model: the model has "
+            f"no {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"
+        )
     values, rows = {}, {}
     carried = optimizer_state(program, holds, model.optimizer)
     for name, shape in sorted(wanted.items()):
@@ -143,20 +151,24 @@ def start_from(cfg, program, scope, run_dir: str, reporter=None, key: str = "ini
             ids, saved_rows = model.tables[name]
             fits(label, model.where, name, (None,) + saved_rows.shape[1:], shape)
             if name in held:
-                values[name] = with_rows(np.array(scope.find_var(name).get_tensor()), ids,
-                                         saved_rows, label, name)
+                values[name] = with_rows(
+                    np.array(scope.find_var(name).get_tensor()), ids, saved_rows, label, name
+                )
             else:
                 rows[name] = (ids, saved_rows)
         else:
-            raise ConfigError(f"{label}: {model.where} was saved by another model: it has "
-                              f"no {name}")
+            raise ConfigError(
+                f"{label}: {model.where} was saved by another model: it has no {name}"
+            )
     for name, value in {**values, **carried}.items():
         tensor = scope.find_var(name).get_tensor()
         tensor.set(np.asarray(value).astype(np.array(tensor).dtype), paddle.CPUPlace())
     if reporter is not None:
         state = f"{len(carried)} of the optimiser's variables" if carried else "none"
-        reporter.say(f"starting from the model in {os.path.dirname(model.where)}: "
-                     f"{len(values) + len(rows)} parameters, the optimiser's state: {state}")
+        reporter.say(
+            f"starting from the model in {os.path.dirname(model.where)}: "
+            f"{len(values) + len(rows)} parameters, the optimiser's state: {state}"
+        )
     return Start(rows, os.path.join(run_dir, "init_from"))
 
 
@@ -176,19 +188,25 @@ def optimizer_state(program, held: set, saved: dict) -> dict:
 
 def fits(label: str, where: str, name: str, have: tuple, shape: tuple) -> None:
     """One line unless a saved ``have`` shape (None: any rows) fits the variable's."""
-    if len(have) != len(shape) or any(h is not None and w >= 0 and h != w
-                                       for h, w in zip(have, shape)):
+    if len(have) != len(shape) or any(
+        h is not None and w >= 0 and h != w for h, w in zip(have, shape)
+    ):
         shown = ["any" if h is None else h for h in have]
-        raise ConfigError(f"{label}: {where} was saved by another model: {name} has shape "
-                          f"{shown} there, the model has {list(shape)}")
+        raise ConfigError(
+            f"{label}: {where} was saved by another model: {name} has shape "
+            f"{shown} there, the model has {list(shape)}"
+        )
 
 
-def with_rows(value: np.ndarray, ids: np.ndarray, rows: np.ndarray, label: str,
-              name: str) -> np.ndarray:
+def with_rows(
+    value: np.ndarray, ids: np.ndarray, rows: np.ndarray, label: str, name: str
+) -> np.ndarray:
     """``value`` (a table's rows as the startup made them) with rows ``ids`` set."""
     if len(ids) and (ids.min() < 0 or ids.max() >= value.shape[0]):
-        raise ConfigError(f"{label}: table {name} holds id {int(ids.max())}, the model's table "
-                          f"has {value.shape[0]} rows")
+        raise ConfigError(
+            f"{label}: table {name} holds id {int(ids.max())}, the model's table "
+            f"has {value.shape[0]} rows"
+        )
     value = value.copy()
     value[ids] = rows
     return value

@@ -42,9 +42,10 @@ def job_id(given: str | None = None, env=os.environ, overrides: str = "") -> str
         return env["PADDLE_JOB_ID"]
     if env.get("SLURM_JOB_ID"):
         return f"{env['SLURM_JOB_ID']}-{digest(overrides)}"
-    endpoints = "|".join(",".join(e.strip() for e in env.get(name, "").split(","))
-                         for name in ("PADDLE_PSERVERS_IP_PORT_LIST",
-                                      "PADDLE_TRAINER_ENDPOINTS"))
+    endpoints = "|".join(
+        ",".join(e.strip() for e in env.get(name, "").split(","))
+        for name in ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS")
+    )
     return digest(endpoints, 12)
 
 
@@ -52,9 +53,16 @@ def digest(text: str, length: int = 8) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
-def run_folder(run_dir: str | None = None, given_job_id: str | None = None,
-               launcher: str | None = None, mode: str | None = None, overrides: str = "",
-               env=os.environ, *, make: bool = True) -> str:
+def run_folder(
+    run_dir: str | None = None,
+    given_job_id: str | None = None,
+    launcher: str | None = None,
+    mode: str | None = None,
+    overrides: str = "",
+    env=os.environ,
+    *,
+    make: bool = True,
+) -> str:
     """Where a command run with the Hydra config writes: ``run_dir`` if given; the job's
     folder for a role started by a scheduler, and for a ``cluster.launcher=slurm`` job in
     its allocation (a requeued job finds its checkpoints there); else a new folder named

@@ -39,8 +39,10 @@ ARENA_ENV = "MALLOC_ARENA_MAX"  # the user's own cap, which glibc read at the pr
 SERIAL_ENV = "FLAGS_new_executor_serial_run"  # read by Paddle when it loads
 FREE_ENV = "FLAGS_eager_delete_tensor_gb"  # likewise
 #: kspipe's defaults for them
-EXECUTOR_DEFAULTS = {SERIAL_ENV: "1",  # operators on the thread that runs the program
-                     FREE_ENV: "0.001"}  # dead tensors freed a megabyte at a time
+EXECUTOR_DEFAULTS = {
+    SERIAL_ENV: "1",  # operators on the thread that runs the program
+    FREE_ENV: "0.001",
+}  # dead tensors freed a megabyte at a time
 
 
 def cap_arenas(env=os.environ) -> bool:

@@ -84,14 +84,17 @@ def prepare(cfg, pm):
     says so from here on), then :func:`check`; the workload it runs."""
     if not cfg.get("run_dir"):
         with open_dict(cfg):
-            cfg.run_dir = job.run_folder(None, cfg.cluster.get("job_id"),
-                                         cfg.cluster.get("launcher"), cfg.mode)
+            cfg.run_dir = job.run_folder(
+                None, cfg.cluster.get("job_id"), cfg.cluster.get("launcher"), cfg.mode
+            )
     requeued = job.requeued_checkpoint(cfg, os.path.abspath(cfg.run_dir))
     if requeued:
         with open_dict(cfg):
             cfg.resume, cfg.init_from = requeued, None
-        say(f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
-            f"resumes from its latest checkpoint in {requeued}")
+        say(
+            f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
+            f"resumes from its latest checkpoint in {requeued}"
+        )
     return check(cfg, pm)
 
 
@@ -104,9 +107,11 @@ def check(cfg, pm):
     incremental.check_source(cfg)  # before any process starts
     workload = describe_workload(pm, cfg)
     if cfg.get("init_from") and not workload.starts_from:
-        raise ConfigError(f"init_from={cfg.init_from}: the {workload.name} workload does not "
-                          f"start from a saved model (its execute stage would have to call "
-                          f"kspipe.incremental.start_from)")
+        raise ConfigError(
+            f"init_from={cfg.init_from}: the {workload.name} workload does not "
+            f"start from a saved model (its execute stage would have to call "
+            f"kspipe.incremental.start_from)"
+        )
     return workload
 
 
@@ -146,11 +151,13 @@ def process_launcher(pm: PluginManager, cfg):
     """The process launcher ``cfg.cluster.launcher`` names (default ``processes``), from
     every plugin's ``kspipe_process_launchers``; an unknown name is one line."""
     name = cfg.cluster.get("launcher") or "processes"
-    launchers = {launcher.name: launcher
-                 for found in pm.hook.kspipe_process_launchers() for launcher in found or ()}
+    launchers = {
+        launcher.name: launcher
+        for found in pm.hook.kspipe_process_launchers()
+        for launcher in found or ()
+    }
     if name not in launchers:
-        raise ConfigError(f"cluster.launcher={name!r} is not one of "
-                          f"{', '.join(sorted(launchers))}")
+        raise ConfigError(f"cluster.launcher={name!r} is not one of {', '.join(sorted(launchers))}")
     return launchers[name]
 
 
@@ -187,13 +194,31 @@ def run_stages(cfg, stages: Stages, role, reporter) -> dict:
     executor = make_executor(role.place(), reporter.run_dir)
     scope = paddle.static.Scope()
     try:
-        metrics = stages.call("execute", cfg=cfg, role=role, dataset=dataset, programs=programs,
-                              executor=executor, scope=scope, reporter=reporter) or {}
+        metrics = (
+            stages.call(
+                "execute",
+                cfg=cfg,
+                role=role,
+                dataset=dataset,
+                programs=programs,
+                executor=executor,
+                scope=scope,
+                reporter=reporter,
+            )
+            or {}
+        )
         if role.is_first_worker():
             collect_graphs(cfg, reporter)
             model_dir = os.path.join(reporter.run_dir, "inference_model")
-            stages.call("save", cfg=cfg, role=role, programs=programs, executor=executor,
-                        scope=scope, dirname=model_dir)
+            stages.call(
+                "save",
+                cfg=cfg,
+                role=role,
+                programs=programs,
+                executor=executor,
+                scope=scope,
+                dirname=model_dir,
+            )
             if os.path.isdir(model_dir):  # a workload may export no inference model
                 reporter.artifact(model_dir, "inference_model")
             with open(os.path.join(reporter.run_dir, "metrics.json"), "w") as f:

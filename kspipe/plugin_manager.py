@@ -96,8 +96,12 @@ def entry_points() -> list:
     """``[(distribution, entry point)]`` of the ``kspipe`` group, in the order they load."""
     from importlib import metadata
 
-    return [(dist, ep) for dist in metadata.distributions() for ep in dist.entry_points
-            if ep.group == NAME]
+    return [
+        (dist, ep)
+        for dist in metadata.distributions()
+        for ep in dist.entry_points
+        if ep.group == NAME
+    ]
 
 
 def installed_packages() -> dict:
@@ -114,8 +118,10 @@ def installed_packages() -> dict:
 def warn_collision(name: str, package: str) -> None:
     from kspipe.reporting import say
 
-    say(f"warning: the installed plugin {name!r} of {package} is not loaded: a built-in "
-        f"or earlier plugin has that name; rename its entry point")
+    say(
+        f"warning: the installed plugin {name!r} of {package} is not loaded: a built-in "
+        f"or earlier plugin has that name; rename its entry point"
+    )
 
 
 def implementers(pm: pluggy.PluginManager, stage: str) -> list[str]:
@@ -139,8 +145,10 @@ def plugin_schemas(pm: pluggy.PluginManager, builtin: bool = False) -> dict:
             continue
         for group, schema in (impl.function() or {}).items():
             if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
-                raise ConfigError(f"a plugin's schema for the config group {group!r} is not a "
-                                  f"dataclass ({schema!r})")
+                raise ConfigError(
+                    f"a plugin's schema for the config group {group!r} is not a "
+                    f"dataclass ({schema!r})"
+                )
             if schema not in schemas.setdefault(group, []):
                 schemas[group].append(schema)
     return schemas

@@ -88,7 +88,7 @@ class Role:
         n, i = self.worker_num(), self.worker_index()
         size, extra = divmod(len(files), n)
         start = i * size + min(i, extra)
-        return files[start:start + size + (1 if i < extra else 0)]
+        return files[start : start + size + (1 if i < extra else 0)]
 
     # --- the workers' collectives (one process: over itself) -------------------------
 
@@ -170,8 +170,10 @@ class Role:
             return
         takers = [sync for sync in self._syncs if hasattr(sync, "load_rows")]
         if not takers:
-            raise ConfigError(f"mode={self.mode} keeps no tables outside the workers "
-                              f"({', '.join(sorted(rows))} given)")
+            raise ConfigError(
+                f"mode={self.mode} keeps no tables outside the workers "
+                f"({', '.join(sorted(rows))} given)"
+            )
         for sync in takers:
             sync.load_rows(rows, folder)
 

@@ -20,8 +20,9 @@ MANIFEST = "manifest.json"
 SPARSE_TABLE = "MemorySparseTable"
 
 
-def write_manifest(folder: str, layout: list, servers: int, rules: dict,
-                   dense_pushes: int = 0) -> None:
+def write_manifest(
+    folder: str, layout: list, servers: int, rules: dict, dense_pushes: int = 0
+) -> None:
     """``folder/manifest.json``: the tables' layout and rules, the servers, every file's
     size and the dense pushes the tables took (Adam's powers, which Paddle does not save)."""
     files = {}
@@ -30,8 +31,16 @@ def write_manifest(folder: str, layout: list, servers: int, rules: dict,
             path = os.path.join(root, name)
             files[os.path.relpath(path, folder)] = os.path.getsize(path)
     with open(os.path.join(folder, MANIFEST), "w") as f:
-        json.dump({"servers": servers, "layout": [list(t) for t in layout], "rules": rules,
-                   "files": files, "dense_pushes": dense_pushes}, f)
+        json.dump(
+            {
+                "servers": servers,
+                "layout": [list(t) for t in layout],
+                "rules": rules,
+                "files": files,
+                "dense_pushes": dense_pushes,
+            },
+            f,
+        )
 
 
 def read_manifest(folder: str) -> dict:
@@ -52,13 +61,18 @@ HEADER = 5  # slot, unseen days, delta score, show, click
 
 def rule_state(rule: str, width: int, beta1: float, beta2: float) -> list:
     """A fresh row's optimiser state under the server rule ``rule`` for ``width`` weights."""
-    fresh = {"SparseNaiveSGDRule": [], "SparseAdaGradSGDRule": [0.0],
-             "StdAdaGradSGDRule": [0.0] * width,
-             "SparseAdamSGDRule": [0.0] * (2 * width) + [beta1, beta2],
-             "SparseSharedAdamSGDRule": [0.0, 0.0, beta1, beta2]}
+    fresh = {
+        "SparseNaiveSGDRule": [],
+        "SparseAdaGradSGDRule": [0.0],
+        "StdAdaGradSGDRule": [0.0] * width,
+        "SparseAdamSGDRule": [0.0] * (2 * width) + [beta1, beta2],
+        "SparseSharedAdamSGDRule": [0.0, 0.0, beta1, beta2],
+    }
     if rule not in fresh:
-        raise ConfigError(f"the servers' sparse rule {rule} is not one kspipe can write "
-                          f"rows for ({', '.join(fresh)})")
+        raise ConfigError(
+            f"the servers' sparse rule {rule} is not one kspipe can write "
+            f"rows for ({', '.join(fresh)})"
+        )
     return fresh[rule]
 
 
@@ -73,8 +87,10 @@ def read_table_rows(folder: str) -> dict:
         saved = json.load(f)
     check_manifest(folder, saved.get("servers"))
     if "rules" not in saved:
-        raise ConfigError(f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "
-                          f"the tables' rules: these tables can only be resumed")
+        raise ConfigError(
+            f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "
+            f"the tables' rules: these tables can only be resumed"
+        )
     tables = {}
     for table_id, _, name, _, embedx, _ in (t for t in saved["layout"] if t[1] == SPARSE_TABLE):
         embed_rule, _, beta1, beta2 = saved["rules"][name]
@@ -86,15 +102,17 @@ def read_table_rows(folder: str) -> dict:
                 for line in lines:
                     values = line.split()
                     ids.append(int(values[0]))
-                    rows.append([values[1 + HEADER]] + values[1 + embedx_at:
-                                                               1 + embedx_at + embedx])
-        tables[name] = (np.array(ids, np.int64),
-                        np.array(rows, np.float32).reshape(len(ids), embedx + 1))
+                    rows.append(
+                        [values[1 + HEADER]] + values[1 + embedx_at : 1 + embedx_at + embedx]
+                    )
+        tables[name] = (
+            np.array(ids, np.int64),
+            np.array(rows, np.float32).reshape(len(ids), embedx + 1),
+        )
     return tables
 
 
-def write_table_rows(folder: str, tables: dict, layout: list, rules: dict,
-                     servers: int) -> list:
+def write_table_rows(folder: str, tables: dict, layout: list, rules: dict, servers: int) -> list:
     """Write ``tables`` (``{name: (ids, rows)}``) as the servers' files of the job's
     ``layout``, split over ``servers``; return the table ids written."""
     import gzip
@@ -108,19 +126,36 @@ def write_table_rows(folder: str, tables: dict, layout: list, rules: dict,
         ids, rows = tables[name]
         embed_rule, embedx_rule, beta1, beta2 = rules[name]
         if rows.shape[1] != embedx + 1:
-            raise ConfigError(f"table {name}: rows of width {rows.shape[1]} given, the "
-                              f"servers hold {embedx + 1}")
+            raise ConfigError(
+                f"table {name}: rows of width {rows.shape[1]} given, the servers hold {embedx + 1}"
+            )
         embed_state = [repr(v) for v in rule_state(embed_rule, 1, beta1, beta2)]
         embedx_state = [repr(v) for v in rule_state(embedx_rule, embedx, beta1, beta2)]
         shards = os.path.join(folder, f"{table_id:03d}")
         os.makedirs(shards, exist_ok=True)
         for server in range(servers):
-            with gzip.open(os.path.join(shards, f"part-{server:03d}-{server:05d}.gz"), "wt",
-                           compresslevel=1) as f:
+            with gzip.open(
+                os.path.join(shards, f"part-{server:03d}-{server:05d}.gz"), "wt", compresslevel=1
+            ) as f:
                 for i in np.flatnonzero(ids % servers == server):
                     weights = [repr(float(v)) for v in rows[i]]
-                    f.write(" ".join([str(int(ids[i])), "0", "0", "0", "0", "0", weights[0],
-                                      *embed_state, *weights[1:], *embedx_state]) + "\n")
+                    f.write(
+                        " ".join(
+                            [
+                                str(int(ids[i])),
+                                "0",
+                                "0",
+                                "0",
+                                "0",
+                                "0",
+                                weights[0],
+                                *embed_state,
+                                *weights[1:],
+                                *embedx_state,
+                            ]
+                        )
+                        + "\n"
+                    )
         written.append(table_id)
     return written
 
@@ -153,19 +188,26 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
         with open(file) as f:
             saved = json.load(f)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read the servers' tables' manifest {file} "
-                          f"({type(err).__name__}): was the checkpoint written by a "
-                          f"mode=pserver job?") from err
+        raise ConfigError(
+            f"cannot read the servers' tables' manifest {file} "
+            f"({type(err).__name__}): was the checkpoint written by a "
+            f"mode=pserver job?"
+        ) from err
     if saved.get("servers") != servers:
-        raise ConfigError(f"{file}: the tables were saved by {saved.get('servers')} server(s), "
-                          f"this job has {servers}: resume it with servers="
-                          f"{saved.get('servers')}, or start a new run from it with "
-                          f"init_from= (any number of servers)")
-    if layout is not None and [tuple(t[:5]) + (tuple(t[5]),)
-                               for t in saved.get("layout", [])] != list(layout):
-        raise ConfigError(f"{file}: the tables were saved by another model (another table "
-                          f"layout: {saved.get('layout')} there, {[list(t) for t in layout]} "
-                          f"here)")
+        raise ConfigError(
+            f"{file}: the tables were saved by {saved.get('servers')} server(s), "
+            f"this job has {servers}: resume it with servers="
+            f"{saved.get('servers')}, or start a new run from it with "
+            f"init_from= (any number of servers)"
+        )
+    if layout is not None and [
+        tuple(t[:5]) + (tuple(t[5]),) for t in saved.get("layout", [])
+    ] != list(layout):
+        raise ConfigError(
+            f"{file}: the tables were saved by another model (another table "
+            f"layout: {saved.get('layout')} there, {[list(t) for t in layout]} "
+            f"here)"
+        )
     missing = missing_shard(folder, saved.get("layout", []), servers)
     if missing:
         raise ConfigError(missing)
@@ -174,5 +216,7 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
         if not os.path.isfile(path):
             raise ConfigError(f"{path}: a server's table shard is missing")
         if os.path.getsize(path) != size:
-            raise ConfigError(f"{path}: a server's table shard is damaged ({os.path.getsize(path)} "
-                              f"bytes, {size} were written)")
+            raise ConfigError(
+                f"{path}: a server's table shard is damaged ({os.path.getsize(path)} "
+                f"bytes, {size} were written)"
+            )

@@ -20,12 +20,12 @@ class CoreConfig:
     """The top-level keys.  ``workers``/``servers`` are a count or a ``host:port,...`` list and
     ``devices`` is null, a count, a string or a list, so their types are checked by the modes."""
 
-    mode: str = "local"      # local | pserver | collective: how many processes and how they meet
-    workers: Any = 1         # worker processes, or a host:port list (across machines)
-    servers: Any = 1         # parameter servers for mode=pserver, or a host:port list
-    devices: Any = None      # mode=collective on a GPU build: GPU ids ("0,1"); null: all visible
-    seed: int = 0            # seeds data splits, task sampling and weights
-    resume: Optional[str] = None   # a run folder or checkpoint folder to continue from
+    mode: str = "local"  # local | pserver | collective: how many processes and how they meet
+    workers: Any = 1  # worker processes, or a host:port list (across machines)
+    servers: Any = 1  # parameter servers for mode=pserver, or a host:port list
+    devices: Any = None  # mode=collective on a GPU build: GPU ids ("0,1"); null: all visible
+    seed: int = 0  # seeds data splits, task sampling and weights
+    resume: Optional[str] = None  # a run folder or checkpoint folder to continue from
     evaluate: Optional[str] = None  # a run folder or checkpoint: evaluate it, no training
     init_from: Optional[str] = None  # a run folder or checkpoint: a new run starts from its
     #                                  model (parameters only), in any mode
@@ -50,7 +50,7 @@ class CompileConfig:
 class StagesConfig:
     """Which plugin serves each stage (see ``kspipe plugins``)."""
 
-    role: str = "${mode}"     # the mode: roles, launch, how training is distributed
+    role: str = "${mode}"  # the mode: roles, launch, how training is distributed
     dataset: str = "open_ks"
     program: str = "reptile"  # the workload: it serves compile, execute and save too
     compile: str = "${.program}"
@@ -91,8 +91,11 @@ def register_schemas(plugins: dict | None = None) -> None:
     register_resolver()  # hydra.run.dir's
     store = ConfigStore.instance()
     store.store(name="core", node=open_root(CoreConfig))
-    for group, schema in (("compile", CompileConfig), ("stages", StagesConfig),
-                          ("tracking", TrackingConfig)):
+    for group, schema in (
+        ("compile", CompileConfig),
+        ("stages", StagesConfig),
+        ("tracking", TrackingConfig),
+    ):
         store.store(group=group, name="core", node=schema)
     for group, parts in builtin_schemas().items():
         store.store(group=group, name=option_name(parts[0]), node=joined(group, parts))
@@ -131,14 +134,19 @@ def joined(group: str, parts) -> type:
     for part in parts:
         for key in (each.name for each in dataclasses.fields(part)):
             if key in owners:
-                raise ConfigError(f"two plugins declare the key {group}.{key} of their config "
-                                  f"group ({owners[key].__qualname__} and {part.__qualname__})")
+                raise ConfigError(
+                    f"two plugins declare the key {group}.{key} of their config "
+                    f"group ({owners[key].__qualname__} and {part.__qualname__})"
+                )
             owners[key] = part
     names = ", ".join(part.__qualname__ for part in parts)
     # a dataclass has its bases' fields, the last base's first
-    return dataclasses.make_dataclass(f"{group.capitalize()}Config", [],
-                                      bases=tuple(reversed(parts)),
-                                      namespace={"__doc__": f"The {group} group: {names}."})
+    return dataclasses.make_dataclass(
+        f"{group.capitalize()}Config",
+        [],
+        bases=tuple(reversed(parts)),
+        namespace={"__doc__": f"The {group} group: {names}."},
+    )
 
 
 def plugin_groups(schemas: dict, groups: set):
@@ -151,8 +159,7 @@ def plugin_groups(schemas: dict, groups: set):
 
     taken = sorted((groups | set(OmegaConf.structured(CoreConfig))) & set(schemas))
     if taken:
-        raise ConfigError(f"a plugin declares the config group {taken[0]!r}, which is "
-                          f"kspipe's own")
+        raise ConfigError(f"a plugin declares the config group {taken[0]!r}, which is kspipe's own")
     root = OmegaConf.create()
     for group, parts in sorted(schemas.items()):
         root[group] = OmegaConf.structured(joined(group, parts))

@@ -137,8 +137,10 @@ def _handle(signum, frame) -> None:
         _requested = signum
         from kspipe.reporting import say
 
-        say(f"{signal.Signals(signum).name}: stopping after this step (send it again to "
-            f"stop at once)")
+        say(
+            f"{signal.Signals(signum).name}: stopping after this step (send it again to "
+            f"stop at once)"
+        )
         return
     raise Preempted(signum)
 

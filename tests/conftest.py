@@ -9,15 +9,24 @@ os.environ.setdefault("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", "1")
 #: on one of them, so its module fixtures are made once.  The files that share a session
 #: fixture of tests/modes/conftest.py or the one local Slurm (two on one host break each
 #: other) run on the same process, in one group.
-SHARED = {"modes": {"test_slurm.py", "test_launchers.py", "test_preemption.py",
-                    "test_scheduled_roles.py", "test_embedding_tables.py"}}
+SHARED = {
+    "modes": {
+        "test_slurm.py",
+        "test_launchers.py",
+        "test_preemption.py",
+        "test_scheduled_roles.py",
+        "test_embedding_tables.py",
+    }
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
-        group = next((name for name, files in SHARED.items() if item.path.name in files),
-                     item.nodeid.split("::")[0])
+        group = next(
+            (name for name, files in SHARED.items() if item.path.name in files),
+            item.nodeid.split("::")[0],
+        )
         item.add_marker(pytest.mark.xdist_group(group))
 
 
@@ -40,8 +49,10 @@ def pytest_runtest_makereport(item, call):
     for name, why in missing_here().items():
         if reason.removeprefix("Skipped: ") == why:
             report.outcome = "failed"
-            report.longrepr = (f"CI=true: skipped for want of {name}, which this machine "
-                               f"(root, Debian with apt) must have: {why}")
+            report.longrepr = (
+                f"CI=true: skipped for want of {name}, which this machine "
+                f"(root, Debian with apt) must have: {why}"
+            )
     return report
 
 
@@ -59,8 +70,9 @@ def tiny_cfg(tmp_path, tiny_data):
     from kspipe.testing import compose_config, tiny_overrides
 
     def make(*overrides):
-        return compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                               *overrides])
+        return compose_config(
+            ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data), *overrides]
+        )
 
     return make
 

@@ -31,9 +31,18 @@ def command_line_overrides(args: list[str]):
     if read is None or read[1]:  # an argument Hydra refuses: it says so itself
         return None
     parsed = read[0]
-    if any((parsed.help, parsed.hydra_help, parsed.info, parsed.shell_completion,
-            parsed.config_path, parsed.config_name, parsed.config_dir,
-            parsed.experimental_rerun)):
+    if any(
+        (
+            parsed.help,
+            parsed.hydra_help,
+            parsed.info,
+            parsed.shell_completion,
+            parsed.config_path,
+            parsed.config_name,
+            parsed.config_dir,
+            parsed.experimental_rerun,
+        )
+    ):
         return None
     multirun = parsed.multirun or "hydra.mode=MULTIRUN" in parsed.overrides
     return parsed.overrides, multirun
@@ -80,8 +89,7 @@ def sweep_variants(overrides: list[str]):
     for override in parsed:
         if not override.is_sweep_override():
             first.append(override.input_line)
-        elif (override.is_discrete_sweep()
-              and override.value_type != ValueType.GLOB_CHOICE_SWEEP):
+        elif override.is_discrete_sweep() and override.value_type != ValueType.GLOB_CHOICE_SWEEP:
             key = override.get_key_element()
             values = (f"{key}={value}" for value in override.sweep_string_iterator())
             value = next(values, None)
@@ -91,7 +99,7 @@ def sweep_variants(overrides: list[str]):
     yield first
     for i, values in sweeps:
         for value in values:
-            yield first[:i] + [value] + first[i + 1:]
+            yield first[:i] + [value] + first[i + 1 :]
 
 
 def search_direction(args: list[str]) -> list[str]:
@@ -101,4 +109,3 @@ def search_direction(args: list[str]) -> list[str]:
     if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in given:
         return ["hydra.sweeper.direction=maximize"]
     return []
-

@@ -32,8 +32,12 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
 
     known = available_experiments(extra_dirs)
     for override in read_overrides(args):
-        if (override.key_or_group != "experiment" or override.package or override.is_delete()
-                or override.value_type == ValueType.GLOB_CHOICE_SWEEP):
+        if (
+            override.key_or_group != "experiment"
+            or override.package
+            or override.is_delete()
+            or override.value_type == ValueType.GLOB_CHOICE_SWEEP
+        ):
             continue
         if override.is_discrete_sweep():
             names = list(override.sweep_string_iterator())
@@ -43,8 +47,9 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
             names = [override.value()]
         for name in names:
             if name is not None and str(name) not in known:
-                raise ConfigError(f"unknown experiment '{name}' "
-                                  f"(available: {', '.join(sorted(known))})")
+                raise ConfigError(
+                    f"unknown experiment '{name}' (available: {', '.join(sorted(known))})"
+                )
 
 
 def available_experiments(extra_dirs: list[str]) -> set[str]:
@@ -56,7 +61,7 @@ def available_experiments(extra_dirs: list[str]) -> set[str]:
     folders = [resources.files("kspipe.conf").joinpath("experiment")]
     for entry in extra_dirs:
         if entry.startswith("pkg://"):
-            package = entry[len("pkg://"):].replace("/", ".")
+            package = entry[len("pkg://") :].replace("/", ".")
             folders.append(resources.files(package).joinpath("experiment"))
         else:
             folders.append(Path(entry.removeprefix("file://")) / "experiment")
@@ -83,8 +88,10 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
         return None
     overrides, multirun = given
     variants = sweep_variants(overrides) if multirun else [overrides]
-    composed = [compose(variant, extra_dirs, schemas)
-                for variant in itertools.islice(variants, 1 + SWEEP_CHECKS)]
+    composed = [
+        compose(variant, extra_dirs, schemas)
+        for variant in itertools.islice(variants, 1 + SWEEP_CHECKS)
+    ]
     return composed[0] if composed else None
 
 
@@ -100,18 +107,23 @@ def check_run_folder(cfg, args: list[str]) -> None:
         try:
             os.makedirs(os.path.expanduser(str(cfg.run_dir)), exist_ok=True)
         except OSError as err:
-            raise ConfigError(f"run_dir={cfg.run_dir}: cannot make the run folder: "
-                              f"{err.strerror or err}") from err
+            raise ConfigError(
+                f"run_dir={cfg.run_dir}: cannot make the run folder: {err.strerror or err}"
+            ) from err
     else:  # the time-named folder goes into outputs/ here, unless hydra.run.dir says
         where = "outputs" if os.path.isdir("outputs") else os.getcwd()
         if not os.access(where, os.W_OK | os.X_OK) and not any(
-                a.startswith("hydra.run.dir=") for a in args):
-            raise ConfigError(f"cannot make a run folder in {os.path.abspath(where)} (not "
-                              f"writable): give one with run_dir=<folder>")
+            a.startswith("hydra.run.dir=") for a in args
+        ):
+            raise ConfigError(
+                f"cannot make a run folder in {os.path.abspath(where)} (not "
+                f"writable): give one with run_dir=<folder>"
+            )
 
 
-def help_text(args: list[str], extra_dirs: list[str], schemas: dict,
-              modes: list[str]) -> str | None:
+def help_text(
+    args: list[str], extra_dirs: list[str], schemas: dict, modes: list[str]
+) -> str | None:
     """kspipe's answer to ``--help``: how to run it, the experiments, the ``modes`` (the
     plugins that play a job's role, installed ones included) and the config the other
     arguments compose (Hydra's own help lists every config group, its schemas' included,
@@ -129,7 +141,9 @@ def help_text(args: list[str], extra_dirs: list[str], schemas: dict,
         overrides = next(sweep_variants(overrides))
     cfg = compose(overrides, extra_dirs, schemas)
     experiments = ", ".join(sorted(available_experiments(extra_dirs)))
-    return (f"{USAGE}\nexperiments (+experiment=NAME): {experiments}\n"
-            f"modes (mode=NAME): {', '.join(modes)}\n\n"
-            f"== the config{' these overrides compose' if overrides else ''} ==\n"
-            f"{OmegaConf.to_yaml(cfg)}")
+    return (
+        f"{USAGE}\nexperiments (+experiment=NAME): {experiments}\n"
+        f"modes (mode=NAME): {', '.join(modes)}\n\n"
+        f"== the config{' these overrides compose' if overrides else ''} ==\n"
+        f"{OmegaConf.to_yaml(cfg)}"
+    )

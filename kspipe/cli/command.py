@@ -26,8 +26,19 @@ SUBCOMMANDS = ("plugins", "datafeed")
 
 #: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
 #: most of a second).
-ANSWERS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c",
-           "--resolve", "--shell-completion", "-sc"}
+ANSWERS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--resolve",
+    "--shell-completion",
+    "-sc",
+}
 
 
 def main() -> None:
@@ -47,8 +58,7 @@ def main() -> None:
     except KeyboardInterrupt as stop:
         swept = end_sweep("KILLED")
         job = not (args and args[0] in SUBCOMMANDS)
-        stopping.exit_stopped(stop, (" before the job began" if job and not began
-                                     else "") + swept)
+        stopping.exit_stopped(stop, (" before the job began" if job and not began else "") + swept)
     except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
         end_sweep("FAILED")
         reader_gone()
@@ -120,8 +130,9 @@ def run_hydra(task, args: list[str]) -> None:
     """Run ``task`` under ``@hydra.main`` (kspipe's config) with the command line ``args``."""
     import hydra
 
-    decorated = hydra.main(version_base="1.3", config_path="pkg://kspipe.conf",
-                           config_name="config")(task)
+    decorated = hydra.main(
+        version_base="1.3", config_path="pkg://kspipe.conf", config_name="config"
+    )(task)
     # @hydra.main reads its command line from sys.argv and has no public way to be given
     # another: this is the one place kspipe sets it, for this call only
     given = sys.argv
@@ -140,8 +151,10 @@ def start_recorder(args: list[str]) -> None:
     job's role: its first worker records, the others never do."""
     if environment.any_given():
         return
-    if any(override.key_or_group == "tracking.enabled" and override.value() is False
-           for override in read_overrides(args)):
+    if any(
+        override.key_or_group == "tracking.enabled" and override.value() is False
+        for override in read_overrides(args)
+    ):
         return
     from kspipe.observers.mlflow.recorder import start_early
 

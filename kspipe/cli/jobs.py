@@ -47,8 +47,11 @@ class Jobs:
         job = job_label(hydra_cfg.overrides.task, self.swept) if sweep else None
         with open_dict(cfg):
             # a run's folder is Hydra's (hydra.run.dir: kspipe.job.run_folder, run_dir expanded)
-            cfg.run_dir = (hydra_cfg.runtime.output_dir if not sweep
-                           else cfg.run_dir or hydra_cfg.runtime.output_dir)
+            cfg.run_dir = (
+                hydra_cfg.runtime.output_dir
+                if not sweep
+                else cfg.run_dir or hydra_cfg.runtime.output_dir
+            )
             cfg.tracking.run_name = cfg.tracking.run_name or job
             if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
                 cfg.isolate = sweep
@@ -56,8 +59,9 @@ class Jobs:
             launcher = process_launcher(self.pm, cfg)
             if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
                 check(cfg, self.pm)
-                print(f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}",
-                      flush=True)
+                print(
+                    f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}", flush=True
+                )
                 return worst_value(hydra_cfg)
             workload = prepare(cfg, self.pm)  # described once: the run and its closing line
             metrics = run(cfg, self.pm, workload)
@@ -66,8 +70,9 @@ class Jobs:
                 job = job or str(hydra_cfg.job.num)
                 print_error(f"job {job}: {err}")
                 return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
-            if isinstance(err, StorageError) or (isinstance(err, ClusterError)
-                                                 and wrote_checkpoint(cfg)):  # mid-run
+            if isinstance(err, StorageError) or (
+                isinstance(err, ClusterError) and wrote_checkpoint(cfg)
+            ):  # mid-run
                 err = type(err)(f"{err}{recorded_as(cfg, 'FAILED')}; {resume_hint(cfg)}")
             fail(err)
         except KeyboardInterrupt as stop:
@@ -122,6 +127,7 @@ def print_summary(cfg, metrics: dict, workload) -> None:
             continue
         ci = metrics.get(name + "_ci95")
         digits = 1 if name == workload.rate else 3
-        shown.append(f"{name} {metrics[name]:.{digits}f}"
-                     + (f" ± {ci:.3f}" if ci is not None else ""))
+        shown.append(
+            f"{name} {metrics[name]:.{digits}f}" + (f" ± {ci:.3f}" if ci is not None else "")
+        )
     print("kspipe: done: " + ", ".join(shown) + f" (run folder {cfg.run_dir})", flush=True)

@@ -15,8 +15,10 @@ def list_plugins(args: list[str]) -> int:
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         shown = [f"{h} [stage {stage_of[h]}]" if h in stage_of else h for h in hooks]
         if "kspipe_process_launchers" in hooks:  # the cluster.launcher values it adds
-            names = ", ".join(f"cluster.launcher={launcher.name}"
-                              for launcher in plugin.kspipe_process_launchers() or ())
+            names = ", ".join(
+                f"cluster.launcher={launcher.name}"
+                for launcher in plugin.kspipe_process_launchers() or ()
+            )
             shown[hooks.index("kspipe_process_launchers")] += f" [{names}]"
         print(f"{name:<14} {package:<24} {', '.join(shown)}")
     return 0

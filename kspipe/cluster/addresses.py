@@ -62,8 +62,10 @@ def serve(port: int) -> int:
     try:
         book = AddressBook(port)
     except OSError as err:
-        print(f"kspipe: error: the gloo meeting point cannot take port {port}: "
-              f"{err.strerror}", file=sys.stderr)
+        print(
+            f"kspipe: error: the gloo meeting point cannot take port {port}: {err.strerror}",
+            file=sys.stderr,
+        )
         return 1
     threading.Thread(target=book.serve_forever, daemon=True).start()
     print("ready", flush=True)

@@ -59,8 +59,10 @@ def parse_endpoints(value, key: str) -> list[str] | None:
     for endpoint in endpoints:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{key}: {endpoint!r} is not host:port (a count of at least 1 "
-                              f"or a host:port list, e.g. {key}=[10.0.0.1:7001,10.0.0.2:7001])")
+            raise ConfigError(
+                f"{key}: {endpoint!r} is not host:port (a count of at least 1 "
+                f"or a host:port list, e.g. {key}=[10.0.0.1:7001,10.0.0.2:7001])"
+            )
     if len(set(endpoints)) != len(endpoints):
         raise ConfigError(f"{key}: an endpoint appears twice in {value}")
     return endpoints
@@ -85,8 +87,10 @@ def this_host(host: str | None, endpoints: list[str]) -> str:
     hosts = {e.rpartition(":")[0] for e in endpoints}
     host = host or (hosts.pop() if len(hosts) == 1 else None)
     if host is None:
-        raise ConfigError("the endpoints name several hosts: set cluster.host to this "
-                          "host's address, and run the same command on each host")
+        raise ConfigError(
+            "the endpoints name several hosts: set cluster.host to this "
+            "host's address, and run the same command on each host"
+        )
     return host
 
 

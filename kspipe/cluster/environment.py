@@ -33,8 +33,12 @@ GLOO_ENDPOINT_ENV = "KSPIPE_GLOO_ENDPOINT"
 #: The contracts' variables a role started from its environment needs, by role.
 NEEDED = {
     "PSERVER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT"),
-    "TRAINER": ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
-                "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID"),
+    "TRAINER": (
+        "PADDLE_PSERVERS_IP_PORT_LIST",
+        "PADDLE_TRAINER_ENDPOINTS",
+        "PADDLE_TRAINERS_NUM",
+        "PADDLE_TRAINER_ID",
+    ),
     "collective": ("PADDLE_TRAINER_ENDPOINTS", "PADDLE_TRAINER_ID"),
 }
 #: How a parameter-server job's processes meet (fleet's gloo): where, by rendezvous kind.
@@ -57,26 +61,33 @@ def beside(endpoint: str) -> str:
 def job_env(kind: str, worker_eps: list[str], server_eps: list[str], meeting: str) -> dict:
     """What every process of a ``kind`` ("pserver" or "collective") job is told: the job's
     endpoints and where its processes meet (``meeting``, ``host:port``)."""
-    env = {"PADDLE_TRAINER_ENDPOINTS": ",".join(worker_eps),
-           "PADDLE_TRAINERS_NUM": str(len(worker_eps))}
+    env = {
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(worker_eps),
+        "PADDLE_TRAINERS_NUM": str(len(worker_eps)),
+    }
     if kind == "pserver":
-        env.update(PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
-                   PADDLE_PSERVER_NUMS=str(len(server_eps)), PADDLE_WITH_GLOO="1",
-                   PADDLE_GLOO_RENDEZVOUS="3", PADDLE_GLOO_HTTP_ENDPOINT=meeting)
+        env.update(
+            PADDLE_PSERVERS_IP_PORT_LIST=",".join(server_eps),
+            PADDLE_PSERVER_NUMS=str(len(server_eps)),
+            PADDLE_WITH_GLOO="1",
+            PADDLE_GLOO_RENDEZVOUS="3",
+            PADDLE_GLOO_HTTP_ENDPOINT=meeting,
+        )
     else:
         env[GLOO_ENDPOINT_ENV] = meeting
     return env
 
 
-def process_env(kind: str, role: str, index: int, endpoint: str,
-                device: int | None = None) -> dict:
+def process_env(kind: str, role: str, index: int, endpoint: str, device: int | None = None) -> dict:
     """What one process (``role`` "server" or "worker", its ``index`` and ``endpoint``) of a
     ``kind`` job is told of its own place."""
     env = {"PADDLE_PORT": endpoint.rpartition(":")[2]}
     if kind == "pserver":
-        env.update(TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
-                   PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
-                   POD_IP=endpoint.rpartition(":")[0])
+        env.update(
+            TRAINING_ROLE="PSERVER" if role == "server" else "TRAINER",
+            PADDLE_TRAINER_ID=str(index if role == "worker" else 0),
+            POD_IP=endpoint.rpartition(":")[0],
+        )
     else:
         env.update(PADDLE_TRAINER_ID=str(index), PADDLE_CURRENT_ENDPOINT=endpoint)
         if device is not None:
@@ -92,8 +103,9 @@ def given(kind: str | None, env=os.environ) -> bool:
     if kind == "pserver":
         return bool(env.get("TRAINING_ROLE"))
     if kind == "collective":
-        return (env.get("PADDLE_TRAINER_ID") is not None
-                and bool(env.get("PADDLE_TRAINER_ENDPOINTS")))
+        return env.get("PADDLE_TRAINER_ID") is not None and bool(
+            env.get("PADDLE_TRAINER_ENDPOINTS")
+        )
     return False
 
 
@@ -109,27 +121,34 @@ def check(kind: str, env=os.environ) -> None:
 
     role = env.get("TRAINING_ROLE") if kind == "pserver" else "collective"
     if role not in NEEDED:
-        raise ConfigError(f"TRAINING_ROLE={role}: a parameter-server job's process is "
-                          f"PSERVER or TRAINER")
+        raise ConfigError(
+            f"TRAINING_ROLE={role}: a parameter-server job's process is PSERVER or TRAINER"
+        )
     where = "the environment (Paddle's launcher, a PaddleJob or kspipe's own sets it)"
     missing = [name for name in NEEDED[role] if not env.get(name)]
     if kind == "pserver":
         meeting = GLOO_MEETING.get(env.get("PADDLE_GLOO_RENDEZVOUS", ""))
         if env.get("PADDLE_WITH_GLOO", "0") == "0" or not meeting:
-            raise ConfigError(f"a parameter-server job's processes meet through fleet's gloo: "
-                              f"set PADDLE_WITH_GLOO=1 and PADDLE_GLOO_RENDEZVOUS=3 with "
-                              f"PADDLE_GLOO_HTTP_ENDPOINT (or 2 with PADDLE_GLOO_FS_PATH) in "
-                              f"{where}; a PaddleJob sets them with withGloo: 1")
+            raise ConfigError(
+                f"a parameter-server job's processes meet through fleet's gloo: "
+                f"set PADDLE_WITH_GLOO=1 and PADDLE_GLOO_RENDEZVOUS=3 with "
+                f"PADDLE_GLOO_HTTP_ENDPOINT (or 2 with PADDLE_GLOO_FS_PATH) in "
+                f"{where}; a PaddleJob sets them with withGloo: 1"
+            )
         missing += [meeting] if not env.get(meeting) else []
     if missing:
-        raise ConfigError(f"{role if kind == 'pserver' else 'a collective worker'}: "
-                          f"{', '.join(missing)} not set in {where}")
+        raise ConfigError(
+            f"{role if kind == 'pserver' else 'a collective worker'}: "
+            f"{', '.join(missing)} not set in {where}"
+        )
     trainers = env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
     if "PADDLE_TRAINER_ID" in NEEDED[role]:
         index = env["PADDLE_TRAINER_ID"]
         if not index.isdigit() or int(index) >= len(trainers):
-            raise ConfigError(f"PADDLE_TRAINER_ID={index} is not one of the "
-                              f"{len(trainers)} workers of PADDLE_TRAINER_ENDPOINTS")
+            raise ConfigError(
+                f"PADDLE_TRAINER_ID={index} is not one of the "
+                f"{len(trainers)} workers of PADDLE_TRAINER_ENDPOINTS"
+            )
 
 
 @dataclass(frozen=True)
@@ -146,7 +165,10 @@ class CollectivePlace:
 def collective_place(env=os.environ) -> CollectivePlace:
     """Read a collective worker's place (the launcher's meeting point, else beside worker 0)."""
     endpoints = env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
-    return CollectivePlace(rank=int(env["PADDLE_TRAINER_ID"]), endpoints=endpoints,
-                           nranks=int(env.get("PADDLE_TRAINERS_NUM", len(endpoints))),
-                           device=env.get("FLAGS_selected_gpus"),
-                           meeting=env.get(GLOO_ENDPOINT_ENV) or beside(endpoints[0]))
+    return CollectivePlace(
+        rank=int(env["PADDLE_TRAINER_ID"]),
+        endpoints=endpoints,
+        nranks=int(env.get("PADDLE_TRAINERS_NUM", len(endpoints))),
+        device=env.get("FLAGS_selected_gpus"),
+        meeting=env.get(GLOO_ENDPOINT_ENV) or beside(endpoints[0]),
+    )

@@ -86,11 +86,16 @@ def gloo_context(rank: int, size: int, endpoint: str):
 def open_book(port: int) -> subprocess.Popen:
     """Start the address book on ``port`` of this host and return once it serves there; it
     ends when this process does."""
-    book = subprocess.Popen([sys.executable, "-m", "kspipe.cluster.addresses", str(port)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    book = subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cluster.addresses", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if book.stdout.readline().strip() != "ready":  # it said why in this process's log
-        raise ClusterError(f"the job's gloo meeting point could not take port {port} "
-                           f"(this log says why)")
+        raise ClusterError(
+            f"the job's gloo meeting point could not take port {port} (this log says why)"
+        )
     return book
 
 

@@ -13,9 +13,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kspipe.cluster.endpoints import check_port_free, endpoints, free_ports, parse_endpoints, this_host
-from kspipe.errors import ConfigError
 from kspipe.cluster import environment
+from kspipe.cluster.endpoints import (
+    check_port_free,
+    endpoints,
+    free_ports,
+    parse_endpoints,
+    this_host,
+)
+from kspipe.errors import ConfigError
 from kspipe.files import WORKDIR_ENV, workdir
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
@@ -31,10 +37,16 @@ class Planned:
     env: dict
 
 
-def launch_plan(kind: str, workers, servers=None, host: str | None = None,
-                threads: int | None = None,
-                devices: list[int] | None = None,
-                every_host: bool = False, meeting_port: int | None = None) -> list[Planned]:
+def launch_plan(
+    kind: str,
+    workers,
+    servers=None,
+    host: str | None = None,
+    threads: int | None = None,
+    devices: list[int] | None = None,
+    every_host: bool = False,
+    meeting_port: int | None = None,
+) -> list[Planned]:
     """The processes this host starts for a ``kind`` ("pserver", "collective" or "local":
     one process of its own) job.
 
@@ -57,8 +69,12 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
     server_eps = endpoints(servers, "servers") if kind == "pserver" else []
     everyone = server_eps + worker_eps
     here = this_host(host, everyone) if not every_host else None
-    local = [(role, i, e) for role, eps in (("server", server_eps), ("worker", worker_eps))
-             for i, e in enumerate(eps) if every_host or e.rpartition(":")[0] == here]
+    local = [
+        (role, i, e)
+        for role, eps in (("server", server_eps), ("worker", worker_eps))
+        for i, e in enumerate(eps)
+        if every_host or e.rpartition(":")[0] == here
+    ]
     if not local:
         raise ConfigError(f"no server or worker endpoint is on cluster.host={here}")
     for _, _, endpoint in local:
@@ -71,21 +87,30 @@ def launch_plan(kind: str, workers, servers=None, host: str | None = None,
         meeting = meeting_point(everyone, workers, every_host, meeting_port, kind)
     else:
         meeting = meeting_point(worker_eps, workers, every_host, meeting_port, kind)
-    base = dict(os.environ, GLOG_minloglevel="2", **{WORKDIR_ENV: workdir()},
-                **environment.job_env(kind, worker_eps, server_eps, meeting))
+    base = dict(
+        os.environ,
+        GLOG_minloglevel="2",
+        **{WORKDIR_ENV: workdir()},
+        **environment.job_env(kind, worker_eps, server_eps, meeting),
+    )
     environment.share_cores(base)
     plan = []
     for role, index, endpoint in local:
         device = devices[index % len(devices)] if devices and role == "worker" else None
         own = 1 if role == "server" else threads
-        env = dict(base, OMP_NUM_THREADS=str(own), KSPIPE_THREADS=str(own),
-                   **environment.process_env(kind, role, index, endpoint, device))
+        env = dict(
+            base,
+            OMP_NUM_THREADS=str(own),
+            KSPIPE_THREADS=str(own),
+            **environment.process_env(kind, role, index, endpoint, device),
+        )
         plan.append(Planned(role, index, endpoint, env))
     return plan
 
 
-def meeting_point(eps: list[str], workers, every_host: bool, meeting_port: int | None,
-                  kind: str) -> str:
+def meeting_point(
+    eps: list[str], workers, every_host: bool, meeting_port: int | None, kind: str
+) -> str:
     """Where the job's processes meet to set up gloo, on the first endpoint's host (server
     0's for a parameter-server job, worker 0's for a collective one): ``meeting_port`` when
     the caller drew one; a free port when the whole job is on this host; else beside the

@@ -31,24 +31,29 @@ def evaluate(dataset, programs, executor, scope, reporter) -> dict:
 
     labels, scores = [], []
     test_feeds = set(programs.test.global_block().vars) & set(programs.feed_names)
-    batches = python_batches(dataset.test_files, dataset.desc, dataset.batch_size,
-                             dict(dataset.dense_width))
+    batches = python_batches(
+        dataset.test_files, dataset.desc, dataset.batch_size, dict(dataset.dense_width)
+    )
     seen, total = 0, dataset.test_counts.total if dataset.test_counts else 0
     with paddle.static.scope_guard(scope):
         for feed in batches:
             label = np.array(feed[dataset.label]).reshape(-1)
             feed = {k: v for k, v in feed.items() if k in test_feeds}
-            (pred,) = executor.run(programs.test, feed=feed, fetch_list=[programs.pred],
-                                   scope=scope)
+            (pred,) = executor.run(
+                programs.test, feed=feed, fetch_list=[programs.pred], scope=scope
+            )
             labels.append(label)
             scores.append(np.asarray(pred).reshape(-1))
             seen += len(label)
             reporter.progress("evaluate", seen, max(total, seen), {})
     y = np.concatenate(labels).astype(np.float64)
     p = np.clip(np.concatenate(scores), 1e-7, 1 - 1e-7)
-    return {"test_auc": roc_auc(y, p),
-            "test_logloss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
-            "test_instances": int(len(y)), "test_ctr": float(y.mean())}
+    return {
+        "test_auc": roc_auc(y, p),
+        "test_logloss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
+        "test_instances": int(len(y)),
+        "test_ctr": float(y.mean()),
+    }
 
 
 def pull_tables(cfg, programs, executor, scope, chunk: int = 65536):
@@ -73,9 +78,10 @@ def pull_tables(cfg, programs, executor, scope, chunk: int = 65536):
                 feed = np.concatenate([ids, np.zeros(pad, np.int64)]).reshape(-1, width)
             else:
                 feed = paddle.base.create_lod_tensor(ids.reshape(-1, 1), [[1] * len(ids)], place)
-            (out,) = executor.run(pull, feed={slot: feed}, fetch_list=[lookup], scope=scope,
-                                  return_numpy=False)
-            rows.append(np.array(out).reshape(-1, cfg.ctr.embedding_dim)[:len(ids)])
+            (out,) = executor.run(
+                pull, feed={slot: feed}, fetch_list=[lookup], scope=scope, return_numpy=False
+            )
+            rows.append(np.array(out).reshape(-1, cfg.ctr.embedding_dim)[: len(ids)])
         export.var(name).get_tensor().set(np.concatenate(rows).astype(np.float32), place)
     for var in programs.infer.list_vars():
         if var.persistable and var.name not in programs.tables:

@@ -48,10 +48,19 @@ def build(cfg, dataset, role) -> CtrPrograms:
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(infer, unused_startup):
         infer_net = network(dataset, m, local_embedding, with_label=False)
     return CtrPrograms(
-        startup=startup, main=main, infer=infer,
-        loss=net["loss"], pred=net["pred"], stat_pos=net["stat_pos"], stat_neg=net["stat_neg"],
-        feed_names=[v.name for v in net["feeds"]], infer_feeds=infer_net["feeds"],
-        infer_pred=infer_net["pred"], tables=net["tables"], learning_rate=float(m.learning_rate))
+        startup=startup,
+        main=main,
+        infer=infer,
+        loss=net["loss"],
+        pred=net["pred"],
+        stat_pos=net["stat_pos"],
+        stat_neg=net["stat_neg"],
+        feed_names=[v.name for v in net["feeds"]],
+        infer_feeds=infer_net["feeds"],
+        infer_pred=infer_net["pred"],
+        tables=net["tables"],
+        learning_rate=float(m.learning_rate),
+    )
 
 
 def local_embedding(ids, size, param_attr):
@@ -90,21 +99,34 @@ def network(dataset, m, embedding, with_label: bool) -> dict:
         emb = embedding(ids, size, attr)
         tables[name] = (slot.name, emb.name, dataset.dense_width.get(slot.name, 0))
         if slot.is_dense:  # a fixed number of ids per instance: their embeddings side by side
-            parts.append(paddle.reshape(emb, [-1, dataset.dense_width[slot.name] * m.embedding_dim]))
+            parts.append(
+                paddle.reshape(emb, [-1, dataset.dense_width[slot.name] * m.embedding_dim])
+            )
         else:
             parts.append(paddle.static.nn.sequence_pool(paddle.squeeze(emb, axis=1), "sum"))
     x = paddle.concat(parts, axis=1) if len(parts) > 1 else parts[0]
     for i, size in enumerate(m.hidden):
-        x = paddle.static.nn.fc(x, size, activation="relu",
-                                weight_attr=paddle.ParamAttr(name=f"tower_{i}.w"),
-                                bias_attr=paddle.ParamAttr(name=f"tower_{i}.b"))
-    logit = paddle.static.nn.fc(x, 1, weight_attr=paddle.ParamAttr(name="tower_out.w"),
-                                bias_attr=paddle.ParamAttr(name="tower_out.b"))
+        x = paddle.static.nn.fc(
+            x,
+            size,
+            activation="relu",
+            weight_attr=paddle.ParamAttr(name=f"tower_{i}.w"),
+            bias_attr=paddle.ParamAttr(name=f"tower_{i}.b"),
+        )
+    logit = paddle.static.nn.fc(
+        x,
+        1,
+        weight_attr=paddle.ParamAttr(name="tower_out.w"),
+        bias_attr=paddle.ParamAttr(name="tower_out.b"),
+    )
     pred = paddle.nn.functional.sigmoid(logit)
     net = {"feeds": feeds, "pred": pred, "tables": tables}
     if with_label:
-        loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(
-            logit, paddle.cast(label_var, "float32")))
+        loss = paddle.mean(
+            paddle.nn.functional.binary_cross_entropy_with_logits(
+                logit, paddle.cast(label_var, "float32")
+            )
+        )
         _, _, stats = paddle.static.auc(paddle.concat([1.0 - pred, pred], axis=1), label_var)
         net.update(loss=loss, stat_pos=stats[2].name, stat_neg=stats[3].name)
     return net
@@ -121,6 +143,8 @@ def fetch_vars(programs, names: list[str]) -> dict:
             found[name] = block.var(name)
         else:
             known = sorted(v.name for v in block.vars.values() if not v.name.endswith("@GRAD"))
-            raise ConfigError(f"datafeed.fetch: the program has no variable {name!r} "
-                              f"(loss, or one of: {', '.join(known[:12])}, ...)")
+            raise ConfigError(
+                f"datafeed.fetch: the program has no variable {name!r} "
+                f"(loss, or one of: {', '.join(known[:12])}, ...)"
+            )
     return found

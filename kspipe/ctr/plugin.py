@@ -31,17 +31,31 @@ def kspipe_config_schemas():
 
 @hookimpl
 def kspipe_describe_workload(cfg):
-    return Workload(name="ctr", headline="test_auc", rate="samples_per_s",
-                    summary=("test_auc", "train_auc", "samples_per_s"), needs=NEEDS,
-                    serving="kspipe.ctr.serving:ClickModel", starts_from=True)
+    return Workload(
+        name="ctr",
+        headline="test_auc",
+        rate="samples_per_s",
+        summary=("test_auc", "train_auc", "samples_per_s"),
+        needs=NEEDS,
+        serving="kspipe.ctr.serving:ClickModel",
+        starts_from=True,
+    )
 
 
 @hookimpl
 def kspipe_check_config(cfg):
     if cfg.stages.program != "ctr":
         return
-    check_keys(cfg, {"ctr.embedding_dim": 1, "ctr.hash_size": 1, "ctr.epochs": 0,
-                     "datafeed.print_period": 1, "train.keep_checkpoints": 1})
+    check_keys(
+        cfg,
+        {
+            "ctr.embedding_dim": 1,
+            "ctr.hash_size": 1,
+            "ctr.epochs": 0,
+            "datafeed.print_period": 1,
+            "train.keep_checkpoints": 1,
+        },
+    )
     for i, size in enumerate(cfg.ctr.hidden):
         check_integer(size, f"ctr.hidden[{i}]", 1)
     check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
@@ -58,8 +72,10 @@ def kspipe_compile_program(cfg, role, programs):
     import paddle
 
     optimizer = paddle.optimizer.Adam(programs.learning_rate, lazy_mode=True)
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
-                                                                       programs.startup):
+    with (
+        paddle.utils.unique_name.guard(),
+        paddle.static.program_guard(programs.main, programs.startup),
+    ):
         role.distributed_optimizer(optimizer, feeding="dataset").minimize(programs.loss)
         programs.main = programs.loss.block.program  # as the mode rewrote it
         programs.startup = paddle.static.default_startup_program()
@@ -90,5 +106,12 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
 def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
     from kspipe.inference import export
 
-    return export(cfg, dirname, programs.infer, programs.infer_feeds, [programs.infer_pred],
-                  executor, programs.export_scope or scope)
+    return export(
+        cfg,
+        dirname,
+        programs.infer,
+        programs.infer_feeds,
+        [programs.infer_pred],
+        executor,
+        programs.export_scope or scope,
+    )

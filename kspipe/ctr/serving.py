@@ -50,24 +50,31 @@ class ClickModel:
 
         with paddle.static.scope_guard(paddle.static.Scope()):
             _, slots, _ = load(artifacts, paddle.static.Executor(paddle.CPUPlace()))
-        return {"input": pd.DataFrame({slot.name: [slot.example(1), slot.example(2)]
-                                       for slot in slots}),
-                "output": pd.DataFrame({"probability": [0.5, 0.5]}),
-                "params": {}, "unchecked": [slot.name for slot in slots if slot.ids]}
+        return {
+            "input": pd.DataFrame(
+                {slot.name: [slot.example(1), slot.example(2)] for slot in slots}
+            ),
+            "output": pd.DataFrame({"probability": [0.5, 0.5]}),
+            "params": {},
+            "unchecked": [slot.name for slot in slots if slot.ids],
+        }
 
     def predict(self, frame, params: dict):
         """The click probability of each row of ``frame``, as the column ``probability``."""
-        import pandas as pd
         import paddle
+        import pandas as pd
 
         missing = [slot.name for slot in self.slots if slot.name not in frame.columns]
         if missing:
-            raise DataError(f"the request has no column for the slot(s) {', '.join(missing)} "
-                            f"(the model reads {', '.join(s.name for s in self.slots)})")
+            raise DataError(
+                f"the request has no column for the slot(s) {', '.join(missing)} "
+                f"(the model reads {', '.join(s.name for s in self.slots)})"
+            )
         feed = {slot.name: slot.feed(frame[slot.name].tolist()) for slot in self.slots}
         with paddle.static.scope_guard(self.scope):
-            (pred,) = self.executor.run(self.program, feed=feed, fetch_list=self.fetches,
-                                        scope=self.scope)
+            (pred,) = self.executor.run(
+                self.program, feed=feed, fetch_list=self.fetches, scope=self.scope
+            )
         return pd.DataFrame({"probability": np.asarray(pred, np.float64).reshape(-1)})
 
 
@@ -76,7 +83,8 @@ def load(artifacts: dict, executor) -> tuple:
     import paddle
 
     program, feeds, fetches = paddle.static.load_inference_model(
-        os.path.join(artifacts["inference_model"], MODEL_NAME), executor)
+        os.path.join(artifacts["inference_model"], MODEL_NAME), executor
+    )
     block = program.global_block()
     return program, [Slot(name, block.var(name)) for name in feeds], fetches
 
@@ -109,8 +117,9 @@ class Slot:
             array = np.array(flat, dtype=np.float32)
         if not self.sparse:
             return array.reshape(len(values), self.width)
-        return paddle.base.create_lod_tensor(array.reshape(-1, 1), [[len(v) for v in values]],
-                                             paddle.CPUPlace())
+        return paddle.base.create_lod_tensor(
+            array.reshape(-1, 1), [[len(v) for v in values]], paddle.CPUPlace()
+        )
 
     def values(self, cell, row: int) -> list:
         """The values of one cell, checked as the MultiSlot reader checks a line."""
@@ -119,8 +128,7 @@ class Slot:
         if not values:
             raise DataError(f"{where} is empty; every slot needs at least one value")
         if not self.sparse and len(values) != self.width:
-            raise DataError(f"{where} has {len(values)} values; the dense slot takes "
-                            f"{self.width}")
+            raise DataError(f"{where} has {len(values)} values; the dense slot takes {self.width}")
         convert = uint64 if self.ids else float
         try:
             return [convert(v) for v in values]
@@ -132,11 +140,12 @@ class Slot:
 def uint64(value) -> int:
     """``value`` as an id: a whole number in uint64's range (JSON may give 7.0 for 7)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(
-            value, (int, np.integer, float, np.floating)):
+        value, (int, np.integer, float, np.floating)
+    ):
         raise TypeError(value)
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         raise ValueError(value)
     number = int(value)
-    if not 0 <= number < 2 ** 64:
+    if not 0 <= number < 2**64:
         raise ValueError(value)
     return number

@@ -35,7 +35,8 @@ def claim_threads(threads: int) -> None:
         raise ConfigError(
             f"this process already trained from files with {_process_threads} reader "
             f"thread(s); Paddle 2.6.2 keeps that thread pool for the life of a process and "
-            f"aborts on {threads}: run with isolate=true (a process of its own)")
+            f"aborts on {threads}: run with isolate=true (a process of its own)"
+        )
 
 
 def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
@@ -44,8 +45,9 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     epochs = cfg.ctr.epochs
     per_epoch = dataset.train_counts.total
     printer = FetchPrinter(reporter, cfg.datafeed.print_period)
-    monitor = Monitor(programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s,
-                      printer)
+    monitor = Monitor(
+        programs, scope, reporter, per_epoch * epochs, cfg.datafeed.print_period_s, printer
+    )
     names = list(programs.fetch)
     first_epoch = 0
     if cfg.resume:
@@ -54,20 +56,29 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         started = time.perf_counter()
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]
-        reporter.say(f"resumed after epoch {first_epoch} from {cfg.resume} (tables loaded in "
-                     f"{time.perf_counter() - started:.2f} s)")
-    reporter.say(f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
-                 f"{dataset.threads} reader thread(s), epochs {first_epoch + 1}-{epochs}")
+        reporter.say(
+            f"resumed after epoch {first_epoch} from {cfg.resume} (tables loaded in "
+            f"{time.perf_counter() - started:.2f} s)"
+        )
+    reporter.say(
+        f"training on {len(dataset.train_files)} file(s), {per_epoch} instances, "
+        f"{dataset.threads} reader thread(s), epochs {first_epoch + 1}-{epochs}"
+    )
     role.barrier_worker()  # the clock starts on every worker together
     started = time.perf_counter()
     for epoch in range(first_epoch, epochs):
         files = make_dataset(dataset)
         with monitor, printer:
             executor.train_from_dataset(
-                program=programs.main, dataset=files, scope=scope, thread=dataset.threads,
+                program=programs.main,
+                dataset=files,
+                scope=scope,
+                thread=dataset.threads,
                 debug=bool(cfg.datafeed.profile),
                 fetch_list=list(programs.fetch.values()) or None,
-                fetch_info=names or None, print_period=cfg.datafeed.print_period)
+                fetch_info=names or None,
+                print_period=cfg.datafeed.print_period,
+            )
         if dataset.kind == "in_memory":
             files.release_memory()
         monitor.report(epoch_done=epoch + 1)
@@ -80,9 +91,13 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     total, slowest = np.zeros_like(everyone), np.zeros_like(everyone)
     role.all_reduce_worker(everyone, total, "sum")
     role.all_reduce_worker(everyone, slowest, "max")
-    metrics = {"train_auc": auc, "samples_per_s": float(total[0] / max(slowest[1], 1e-9)),
-               "worker_samples_per_s": samples / max(seconds, 1e-9),
-               "train_instances": samples, "train_seconds": seconds}
+    metrics = {
+        "train_auc": auc,
+        "samples_per_s": float(total[0] / max(slowest[1], 1e-9)),
+        "worker_samples_per_s": samples / max(seconds, 1e-9),
+        "train_instances": samples,
+        "train_seconds": seconds,
+    }
     metrics.update({f"fetch_{name}": value for name, value in printer.latest.items()})
     return metrics
 
@@ -94,9 +109,16 @@ def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int) -> None:
     started = time.perf_counter()
     role.settle_tables()
     if role.is_first_worker():
-        path = checkpoint.save(programs.main, scope, os.path.join(reporter.run_dir, "checkpoints"),
-                               epoch, {"epoch": epoch}, cfg.train.keep_checkpoints, cfg=cfg,
-                               tables=role.save_tables)
+        path = checkpoint.save(
+            programs.main,
+            scope,
+            os.path.join(reporter.run_dir, "checkpoints"),
+            epoch,
+            {"epoch": epoch},
+            cfg.train.keep_checkpoints,
+            cfg=cfg,
+            tables=role.save_tables,
+        )
         reporter.say(f"checkpoint {path} written in {time.perf_counter() - started:.2f} s")
     role.barrier_worker()
 
@@ -109,8 +131,9 @@ def make_dataset(dataset):
         files = paddle.distributed.QueueDataset()
     else:
         files = paddle.distributed.InMemoryDataset()
-    files.init(batch_size=dataset.batch_size, thread_num=dataset.threads, use_var=[],
-               pipe_command="cat")
+    files.init(
+        batch_size=dataset.batch_size, thread_num=dataset.threads, use_var=[], pipe_command="cat"
+    )
     slots = files.proto_desc.multi_slot_desc.slots
     for slot in dataset.desc.slots:  # every slot, used or not: the reader walks them all
         copy = slots.add()
@@ -191,8 +214,9 @@ class FetchPrinter:
         read_end, write_end = os.pipe()
         os.dup2(write_end, 1)
         os.close(write_end)
-        self._thread = threading.Thread(target=self._read, args=(read_end,), daemon=True,
-                                        name="kspipe-fetch")
+        self._thread = threading.Thread(
+            target=self._read, args=(read_end,), daemon=True, name="kspipe-fetch"
+        )
         self._thread.start()
         return self
 
@@ -209,8 +233,10 @@ class FetchPrinter:
                 if values:
                     self.lines += 1
                     self.latest = values
-                    self.reporter.metrics({f"fetch_{k}": v for k, v in values.items()},
-                                          step=self.lines * self.print_period)
+                    self.reporter.metrics(
+                        {f"fetch_{k}": v for k, v in values.items()},
+                        step=self.lines * self.print_period,
+                    )
 
 
 def parse_fetch_line(line: str) -> dict:

@@ -9,8 +9,23 @@
 
 from kspipe.datafeed.convert import convert, hash_id
 from kspipe.datafeed.desc import DataFeedDesc
-from kspipe.datafeed.files import (FileCounts, format_line, parse_line, python_batches,
-                                   resolve_files, scan_files)
+from kspipe.datafeed.files import (
+    FileCounts,
+    format_line,
+    parse_line,
+    python_batches,
+    resolve_files,
+    scan_files,
+)
 
-__all__ = ["DataFeedDesc", "FileCounts", "convert", "format_line", "hash_id", "parse_line",
-           "python_batches", "resolve_files", "scan_files"]
+__all__ = [
+    "DataFeedDesc",
+    "FileCounts",
+    "convert",
+    "format_line",
+    "hash_id",
+    "parse_line",
+    "python_batches",
+    "resolve_files",
+    "scan_files",
+]

@@ -1,8 +1,8 @@
 """``kspipe datafeed``: write and check MultiSlot files.
 
-    kspipe datafeed generate OUT [--train-files 8 --test-files 2 --lines-per-file 5000 --seed 0]
-    kspipe datafeed convert RECORDS --desc DESC --output DIR [--format csv|jsonl]
-    kspipe datafeed check --desc DESC FILE_OR_FOLDER...
+kspipe datafeed generate OUT [--train-files 8 --test-files 2 --lines-per-file 5000 --seed 0]
+kspipe datafeed convert RECORDS --desc DESC --output DIR [--format csv|jsonl]
+kspipe datafeed check --desc DESC FILE_OR_FOLDER...
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from kspipe.errors import KspipeError, print_error
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kspipe datafeed",
-                                     description="Write and check MultiSlot files.")
+    parser = argparse.ArgumentParser(
+        prog="kspipe datafeed", description="Write and check MultiSlot files."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="write the click-through set with a planted signal")
     gen.add_argument("output")
@@ -40,22 +41,24 @@ def main(argv: list[str]) -> int:
 
 
 def run(args) -> int:
-    from kspipe.datafeed import generated as ctr_data
     from kspipe.datafeed import DataFeedDesc, convert, resolve_files, scan_files
+    from kspipe.datafeed import generated as ctr_data
     from kspipe.errors import ConfigError
 
     if args.command == "generate":
         for name in ("train_files", "test_files", "lines_per_file"):
             if getattr(args, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        folder = ctr_data.generate(args.output, args.train_files, args.test_files,
-                                   args.lines_per_file, args.seed)
+        folder = ctr_data.generate(
+            args.output, args.train_files, args.test_files, args.lines_per_file, args.seed
+        )
         print(f"kspipe: wrote {folder}/{ctr_data.DESC_NAME}, {folder}/train and {folder}/test")
     elif args.command == "convert":
         if args.lines_per_file < 1:
             raise ConfigError("--lines-per-file must be at least 1")
-        files = convert(args.records, DataFeedDesc(args.desc), args.output,
-                        args.lines_per_file, args.format)
+        files = convert(
+            args.records, DataFeedDesc(args.desc), args.output, args.lines_per_file, args.format
+        )
         print(f"kspipe: wrote {len(files)} MultiSlot file(s) to {args.output}")
     else:
         desc = DataFeedDesc(args.desc)

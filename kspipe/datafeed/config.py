@@ -28,23 +28,23 @@ class GeneratedConfig:
 class DatafeedConfig:
     """The files, their DataFeedDesc, and how they are read and reported."""
 
-    desc: Optional[str] = None    # a DataFeedDesc text file (MultiSlotDataFeed);
+    desc: Optional[str] = None  # a DataFeedDesc text file (MultiSlotDataFeed);
     #                               null: the generated set's
-    train_files: Any = None       # a folder, glob or list of MultiSlot files;
+    train_files: Any = None  # a folder, glob or list of MultiSlot files;
     #                               null: the generated set
-    test_files: Any = None        # held-out files for the final evaluation
-    batch_size: Optional[int] = None          # null: the desc's batch_size (set_batch_size)
-    dense_slots: Optional[List[str]] = None   # slot names made dense (set_dense_slots)
-    use_slots: Optional[List[str]] = None     # slot names marked used (set_use_slots)
-    label: str = "label"          # the 0/1 uint64 slot that is the label
-    threads: int = 2              # reader/training threads per worker (each reads whole files)
-    dataset: str = "queue"        # queue: streamed from the files | in_memory: loaded and shuffled
-    validate: bool = True         # parse every line in Python first, to name a bad file and line
+    test_files: Any = None  # held-out files for the final evaluation
+    batch_size: Optional[int] = None  # null: the desc's batch_size (set_batch_size)
+    dense_slots: Optional[List[str]] = None  # slot names made dense (set_dense_slots)
+    use_slots: Optional[List[str]] = None  # slot names marked used (set_use_slots)
+    label: str = "label"  # the 0/1 uint64 slot that is the label
+    threads: int = 2  # reader/training threads per worker (each reads whole files)
+    dataset: str = "queue"  # queue: streamed from the files | in_memory: loaded and shuffled
+    validate: bool = True  # parse every line in Python first, to name a bad file and line
     # fetch: variables printed every print_period batches (loss: the model's loss),
     # into the progress line and MLflow as fetch_<name>
     fetch: List[str] = field(default_factory=lambda: ["loss"])
     print_period: int = 100
-    print_period_s: float = 5     # seconds between progress lines (instances seen, running AUC)
+    print_period_s: float = 5  # seconds between progress lines (instances seen, running AUC)
     # profile: train_from_dataset's debug mode: every 100 batches its first thread prints
     # each op's mean seconds per batch (the servers' pulls and pushes included) on standard
     # error (a cluster role's: its log, <run_dir>/logs/worker.0.log)

@@ -11,13 +11,19 @@ from kspipe.datafeed.desc import UINT64_LIMIT, DataFeedDesc
 from kspipe.datafeed.files import format_line
 from kspipe.errors import ConfigError, DataError
 
+
 def hash_id(token: str) -> int:
     """A stable uint64 id for a categorical value that is not an integer."""
     return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=8).digest(), "little")
 
 
-def convert(input_path: str, desc: DataFeedDesc, output_dir: str, lines_per_file: int = 100_000,
-            fmt: str | None = None) -> list[str]:
+def convert(
+    input_path: str,
+    desc: DataFeedDesc,
+    output_dir: str,
+    lines_per_file: int = 100_000,
+    fmt: str | None = None,
+) -> list[str]:
     """Write MultiSlot files for ``desc`` from raw records (CSV with a header, or JSON lines).
 
     Each slot is read from the column (or JSON key) of its name.  A uint64 value that is

@@ -47,8 +47,9 @@ class DataFeedDesc:
     def _check(self) -> None:
         where = f"DataFeedDesc file {self.path}"
         if self.proto_desc.name != "MultiSlotDataFeed":
-            raise DataError(f"{where}: name is {self.proto_desc.name!r}; kspipe reads "
-                            f"MultiSlotDataFeed files")
+            raise DataError(
+                f"{where}: name is {self.proto_desc.name!r}; kspipe reads MultiSlotDataFeed files"
+            )
         slots = self.proto_desc.multi_slot_desc.slots
         if not slots:
             raise DataError(f"{where}: multi_slot_desc has no slots")
@@ -60,8 +61,10 @@ class DataFeedDesc:
                 raise DataError(f"{where}: slot {slot.name!r} appears twice")
             seen.add(slot.name)
             if slot.type not in SLOT_TYPES:
-                raise DataError(f"{where}: slot {slot.name!r} has type {slot.type!r}; "
-                                f"MultiSlot types are uint64 and float")
+                raise DataError(
+                    f"{where}: slot {slot.name!r} has type {slot.type!r}; "
+                    f"MultiSlot types are uint64 and float"
+                )
 
     def set_batch_size(self, batch_size: int) -> None:
         """The number of instances of a minibatch."""
@@ -90,8 +93,10 @@ class DataFeedDesc:
         by_name = {s.name: s for s in self.proto_desc.multi_slot_desc.slots}
         unknown = [n for n in names if n not in by_name]
         if unknown:
-            raise ConfigError(f"no slot named {', '.join(map(repr, unknown))} in {self.path} "
-                              f"(slots: {', '.join(by_name)})")
+            raise ConfigError(
+                f"no slot named {', '.join(map(repr, unknown))} in {self.path} "
+                f"(slots: {', '.join(by_name)})"
+            )
         return [by_name[n] for n in names]
 
     # --- what kspipe reads from it ----------------------------------------------------

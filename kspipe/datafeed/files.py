@@ -25,6 +25,7 @@ from kspipe.datafeed.desc import UINT64_LIMIT, DataFeedDesc
 from kspipe.errors import ConfigError, DataError
 from kspipe.files import user_path
 
+
 @dataclass
 class FileCounts:
     """What :func:`scan_files` learnt: instances per file, widths of the dense slots."""
@@ -46,8 +47,11 @@ def resolve_files(spec, key: str) -> list[str]:
     for item in items:
         item = user_path(item)
         if os.path.isdir(item):
-            found = sorted(os.path.join(item, n) for n in os.listdir(item)
-                           if not n.startswith(".") and os.path.isfile(os.path.join(item, n)))
+            found = sorted(
+                os.path.join(item, n)
+                for n in os.listdir(item)
+                if not n.startswith(".") and os.path.isfile(os.path.join(item, n))
+            )
             if not found:
                 raise DataError(f"{key}: folder {item} has no files")
             files += found
@@ -65,8 +69,9 @@ def resolve_files(spec, key: str) -> list[str]:
     return files
 
 
-def scan_files(files: list[str], desc: DataFeedDesc, check: bool = True,
-               label: str | None = None) -> FileCounts:
+def scan_files(
+    files: list[str], desc: DataFeedDesc, check: bool = True, label: str | None = None
+) -> FileCounts:
     """Count each file's instances; with ``check``, parse every line as Paddle's reader would
     (and check that the slot ``label``, if given, holds one 0 or 1).
 
@@ -83,12 +88,14 @@ def scan_files(files: list[str], desc: DataFeedDesc, check: bool = True,
                 else:
                     for number, raw in enumerate(f, 1):
                         if raw.strip():
-                            values = parse_line(raw.decode("utf-8", "replace"), slots, widths,
-                                                path, number)
+                            values = parse_line(
+                                raw.decode("utf-8", "replace"), slots, widths, path, number
+                            )
                             if k is not None and (len(values[k]) != 1 or values[k][0] > 1):
                                 raise DataError(
                                     f"{path}:{number}: label slot {label!r} holds "
-                                    f"{' '.join(map(str, values[k]))}; a label is one 0 or 1")
+                                    f"{' '.join(map(str, values[k]))}; a label is one 0 or 1"
+                                )
                             count += 1
         except OSError as err:
             raise DataError(f"cannot read {path}: {err.strerror}") from err
@@ -106,19 +113,24 @@ def parse_line(line: str, slots, widths: dict, path: str = "<line>", number: int
     where = f"{path}:{number}"
     for slot in slots:
         if i >= len(tokens):
-            raise DataError(f"{where}: the line ends before slot {slot.name!r} "
-                            f"({len(slots)} slots expected)")
+            raise DataError(
+                f"{where}: the line ends before slot {slot.name!r} ({len(slots)} slots expected)"
+            )
         try:
             count = int(tokens[i])
         except ValueError:
             count = _int_token(tokens[i], where, f"the value count of slot {slot.name!r}")
         if count < 1:
-            raise DataError(f"{where}: slot {slot.name!r} has {count} values; every slot needs "
-                            f"at least one (pad empty sparse slots with an id such as 0)")
-        chunk = tokens[i + 1:i + 1 + count]
+            raise DataError(
+                f"{where}: slot {slot.name!r} has {count} values; every slot needs "
+                f"at least one (pad empty sparse slots with an id such as 0)"
+            )
+        chunk = tokens[i + 1 : i + 1 + count]
         if len(chunk) < count:
-            raise DataError(f"{where}: slot {slot.name!r} says {count} values but the line has "
-                            f"only {len(chunk)} left")
+            raise DataError(
+                f"{where}: slot {slot.name!r} says {count} values but the line has "
+                f"only {len(chunk)} left"
+            )
         try:  # the fast path; on a bad value, find and name it
             chunk = list(map(int if slot.type == "uint64" else float, chunk))
             if slot.type == "uint64" and (min(chunk) < 0 or max(chunk) >= UINT64_LIMIT):
@@ -131,13 +143,15 @@ def parse_line(line: str, slots, widths: dict, path: str = "<line>", number: int
             if expected is None:
                 expected = widths[slot.name] = _declared_width(slot) or count
             if count != expected:
-                raise DataError(f"{where}: dense slot {slot.name!r} has {count} values, "
-                                f"expected {expected}")
+                raise DataError(
+                    f"{where}: dense slot {slot.name!r} has {count} values, expected {expected}"
+                )
         values.append(chunk)
         i += 1 + count
     if i != len(tokens):
-        raise DataError(f"{where}: {len(tokens) - i} values left after the last slot "
-                        f"{slots[-1].name!r}")
+        raise DataError(
+            f"{where}: {len(tokens) - i} values left after the last slot {slots[-1].name!r}"
+        )
     return values
 
 
@@ -209,7 +223,8 @@ def _feed(batch: list, used: list) -> dict:
             feed[slot.name] = array.reshape(len(batch), -1)
         else:
             feed[slot.name] = paddle.base.create_lod_tensor(
-                array.reshape(-1, 1), [[len(values) for values in column]], paddle.CPUPlace())
+                array.reshape(-1, 1), [[len(values) for values in column]], paddle.CPUPlace()
+            )
     return feed
 
 

@@ -17,15 +17,16 @@ import os
 
 import numpy as np
 
-from kspipe.files import atomic_build, cache_dir
 from kspipe.datafeed.desc import DataFeedDesc
 from kspipe.datafeed.files import format_line
+from kspipe.files import atomic_build, cache_dir
 
 DESC_NAME = "ctr.prototxt"
 VOCAB = {"user": 2000, "item": 5000, "tags": 300}
 DENSE_WIDTH = 4
 
-DESC_TEXT = """name: "MultiSlotDataFeed"
+DESC_TEXT = (
+    """name: "MultiSlotDataFeed"
 batch_size: 64
 multi_slot_desc {
   slots { name: "label" type: "uint64" is_dense: false is_used: true }
@@ -34,16 +35,25 @@ multi_slot_desc {
   slots { name: "item" type: "uint64" is_dense: false is_used: true }
   slots { name: "tags" type: "uint64" is_dense: false is_used: true }
 }
-""" % DENSE_WIDTH
+"""
+    % DENSE_WIDTH
+)
 
 
-def generate(folder: str, train_files: int = 8, test_files: int = 2, lines_per_file: int = 5000,
-             seed: int = 0) -> str:
+def generate(
+    folder: str,
+    train_files: int = 8,
+    test_files: int = 2,
+    lines_per_file: int = 5000,
+    seed: int = 0,
+) -> str:
     """Write ``ctr.prototxt``, ``train/part-*`` and ``test/part-*`` into ``folder``."""
     rng = np.random.default_rng(seed)
     weights = {slot: rng.normal(0.0, 1.0, size) for slot, size in VOCAB.items()}
-    ids = {slot: rng.integers(1, 1 << 64, size, dtype=np.uint64, endpoint=False)
-           for slot, size in VOCAB.items()}
+    ids = {
+        slot: rng.integers(1, 1 << 64, size, dtype=np.uint64, endpoint=False)
+        for slot, size in VOCAB.items()
+    }
     dense_weights = rng.normal(0.0, 0.7, DENSE_WIDTH)
     item_popularity = 1.0 / np.arange(1, VOCAB["item"] + 1) ** 0.8
     item_popularity /= item_popularity.sum()
@@ -60,12 +70,27 @@ def generate(folder: str, train_files: int = 8, test_files: int = 2, lines_per_f
             with open(os.path.join(folder, split, f"part-{f:05d}"), "w") as out:
                 for k in range(n):
                     tags = rng.integers(0, VOCAB["tags"], tag_counts[k])
-                    logit = (weights["user"][user[k]] + weights["item"][item[k]]
-                             + weights["tags"][tags].mean() + dense[k] @ dense_weights - 0.5)
+                    logit = (
+                        weights["user"][user[k]]
+                        + weights["item"][item[k]]
+                        + weights["tags"][tags].mean()
+                        + dense[k] @ dense_weights
+                        - 0.5
+                    )
                     label = int(rng.random() < 1.0 / (1.0 + np.exp(-logit)))
-                    out.write(format_line([[label], dense[k], [ids["user"][user[k]]],
-                                           [ids["item"][item[k]]], ids["tags"][tags]],
-                                          desc.slots) + "\n")
+                    out.write(
+                        format_line(
+                            [
+                                [label],
+                                dense[k],
+                                [ids["user"][user[k]]],
+                                [ids["item"][item[k]]],
+                                ids["tags"][tags],
+                            ],
+                            desc.slots,
+                        )
+                        + "\n"
+                    )
     return folder
 
 
@@ -73,7 +98,12 @@ def cached(cfg) -> str:
     """The generated set for ``cfg.datafeed.generated``, built on first use."""
     g = cfg.datafeed.generated
     folder = cache_dir(g.get("cache_dir")) / (
-        f"ctr-{g.train_files}x{g.lines_per_file}-{g.test_files}-s{g.seed}")
-    return str(atomic_build(
-        folder, lambda tmp: generate(str(tmp), g.train_files, g.test_files, g.lines_per_file,
-                                     g.seed), DESC_NAME))
+        f"ctr-{g.train_files}x{g.lines_per_file}-{g.test_files}-s{g.seed}"
+    )
+    return str(
+        atomic_build(
+            folder,
+            lambda tmp: generate(str(tmp), g.train_files, g.test_files, g.lines_per_file, g.seed),
+            DESC_NAME,
+        )
+    )

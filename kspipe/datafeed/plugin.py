@@ -57,20 +57,26 @@ def kspipe_check_config(cfg):
     if d.dataset not in DATASETS:
         raise ConfigError(f"datafeed.dataset={d.dataset!r} must be one of {', '.join(DATASETS)}")
     if (d.desc is None) != (d.train_files is None):
-        raise ConfigError("datafeed.desc and datafeed.train_files go together: set both (and "
-                          "datafeed.test_files), or neither for the generated data set")
+        raise ConfigError(
+            "datafeed.desc and datafeed.train_files go together: set both (and "
+            "datafeed.test_files), or neither for the generated data set"
+        )
     check_integer(d.threads, "datafeed.threads", 1)
     if d.train_files is not None and cfg.mode != "local":  # before a cluster is started
         from kspipe.cluster.endpoints import process_count
 
-        check_files_per_worker(len(resolve_files(d.train_files, "datafeed.train_files")),
-                               process_count(cfg.workers, "workers"))
+        check_files_per_worker(
+            len(resolve_files(d.train_files, "datafeed.train_files")),
+            process_count(cfg.workers, "workers"),
+        )
 
 
 def check_files_per_worker(files: int, workers: int) -> None:
     if files < workers:
-        raise DataError(f"{files} training file(s) for {workers} workers: each worker reads "
-                        f"whole files, so give at least one file per worker")
+        raise DataError(
+            f"{files} training file(s) for {workers} workers: each worker reads "
+            f"whole files, so give at least one file per worker"
+        )
 
 
 @hookimpl
@@ -87,10 +93,12 @@ def kspipe_read_dataset(cfg, role):
     if d.use_slots:
         desc.set_use_slots(list(d.use_slots))
     label = check_label(desc, d.label)
-    train = resolve_files(os.path.join(built, "train") if built else d.train_files,
-                          "datafeed.train_files")
-    test = resolve_files(os.path.join(built, "test") if built else d.test_files,
-                         "datafeed.test_files")
+    train = resolve_files(
+        os.path.join(built, "train") if built else d.train_files, "datafeed.train_files"
+    )
+    test = resolve_files(
+        os.path.join(built, "test") if built else d.test_files, "datafeed.test_files"
+    )
     dataset = FileDataset(desc, label, dense_widths(desc, train), kind=d.dataset)
     if role.is_server():  # servers need the slots' shapes only
         return dataset
@@ -99,8 +107,10 @@ def kspipe_read_dataset(cfg, role):
     dataset.test_files = test
     if d.validate:
         size = sum(os.path.getsize(p) for p in dataset.train_files) / 2**20
-        say(f"checking {len(dataset.train_files)} training file(s) ({size:.1f} MiB) "
-                     f"line by line (datafeed.validate=false skips this)")
+        say(
+            f"checking {len(dataset.train_files)} training file(s) ({size:.1f} MiB) "
+            f"line by line (datafeed.validate=false skips this)"
+        )
     dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate, label=label)
     if role.is_first_worker():  # it evaluates
         dataset.test_counts = scan_files(test, desc, check=d.validate, label=label)
@@ -111,14 +121,16 @@ def kspipe_read_dataset(cfg, role):
 def check_label(desc: DataFeedDesc, name: str) -> str:
     slots = {s.name: s for s in desc.slots}
     if name not in slots:
-        raise ConfigError(f"datafeed.label={name!r}: {desc.path} has no such slot "
-                          f"(slots: {', '.join(slots)})")
+        raise ConfigError(
+            f"datafeed.label={name!r}: {desc.path} has no such slot (slots: {', '.join(slots)})"
+        )
     slot = slots[name]
     if not slot.is_used:
         raise ConfigError(f"datafeed.label={name!r}: the slot is not used (is_used: false)")
     if slot.type != "uint64":
-        raise ConfigError(f"datafeed.label={name!r}: a label slot holds 0/1 as uint64, "
-                          f"not {slot.type}")
+        raise ConfigError(
+            f"datafeed.label={name!r}: a label slot holds 0/1 as uint64, not {slot.type}"
+        )
     if len([s for s in desc.used_slots if s.name != name]) == 0:
         raise ConfigError(f"{desc.path}: no used slot besides the label {name!r}")
     return name
@@ -142,8 +154,10 @@ def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
     except OSError as err:
         raise DataError(f"cannot read {files[0]}: {err.strerror}") from err
     if first is None:
-        raise DataError(f"{files[0]} is empty: cannot tell the width of the dense slots; "
-                        f"declare it in the desc (shape: -1 shape: N)")
+        raise DataError(
+            f"{files[0]} is empty: cannot tell the width of the dense slots; "
+            f"declare it in the desc (shape: -1 shape: N)"
+        )
     parse_line(first, desc.slots, widths, files[0], 1)
     return widths
 
@@ -151,7 +165,9 @@ def dense_widths(desc: DataFeedDesc, files: list[str]) -> dict:
 def reader_threads(threads: int, files: int) -> int:
     """Reader threads: each reads whole files, so at most this worker's file count."""
     if threads > files:
-        say(f"datafeed.threads={threads} but this worker has {files} file(s); "
-                     f"each thread reads whole files, so {files} thread(s) will run")
+        say(
+            f"datafeed.threads={threads} but this worker has {files} file(s); "
+            f"each thread reads whole files, so {files} thread(s) will run"
+        )
         return files
     return threads

@@ -25,13 +25,13 @@ class EmbeddedConfig:
 class DatasetConfig:
     """Which image data set, where it is, and how it is read."""
 
-    name: str = "omniglot"             # omniglot | miniimagenet
-    root: Optional[str] = None         # null: the embedded KanjiVG data set (omniglot only)
-    image_size: Optional[int] = None   # null: 28 for omniglot, 84 for miniimagenet
-    train_characters: int = 1200       # Omniglot layout: characters that train; the rest test
-    preload_mib: int = 512   # decode every image before training if they take at most this (MiB)
-    verify: bool = True      # else open every image's header before training, to name a bad
+    name: str = "omniglot"  # omniglot | miniimagenet
+    root: Optional[str] = None  # null: the embedded KanjiVG data set (omniglot only)
+    image_size: Optional[int] = None  # null: 28 for omniglot, 84 for miniimagenet
+    train_characters: int = 1200  # Omniglot layout: characters that train; the rest test
+    preload_mib: int = 512  # decode every image before training if they take at most this (MiB)
+    verify: bool = True  # else open every image's header before training, to name a bad
     #                          file early
-    augment: bool = True     # Omniglot layout: add 90/180/270 degree rotations of training
+    augment: bool = True  # Omniglot layout: add 90/180/270 degree rotations of training
     #                          characters
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)

@@ -12,11 +12,8 @@ Two layouts are read:
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -36,8 +33,9 @@ class ImageClass:
     from several threads.
     """
 
-    def __init__(self, dir_path: str, size: int, channels: int, rotation: int = 0,
-                 cache: dict | None = None):
+    def __init__(
+        self, dir_path: str, size: int, channels: int, rotation: int = 0, cache: dict | None = None
+    ):
         self.dir_path = dir_path
         self.size = size
         self.channels = channels
@@ -66,11 +64,15 @@ class ImageClass:
     def sample(self, num_images: int, rng: np.random.Generator | None = None) -> np.ndarray:
         """``num_images`` different images of this class, shape (num_images, H, W, C)."""
         if num_images > len(self.names):
-            raise DataError(f"class folder {self.dir_path} has {len(self.names)} images, "
-                            f"fewer than the {num_images} a task needs")
+            raise DataError(
+                f"class folder {self.dir_path} has {len(self.names)} images, "
+                f"fewer than the {num_images} a task needs"
+            )
         rng = rng or np.random.default_rng()
         picked = rng.choice(len(self.names), size=num_images, replace=False)
-        return np.stack([self._read_image(self.names[i]) for i in picked]).astype(np.float32) / 255.0
+        return (
+            np.stack([self._read_image(self.names[i]) for i in picked]).astype(np.float32) / 255.0
+        )
 
     def _read_image(self, name: str) -> np.ndarray:
         """The image file ``name`` of this folder, decoded, resized and rotated (uint8).
@@ -146,21 +148,27 @@ class Open_KS_read:
 
     def _read_classes(self, dir_path: str) -> list:
         """One class object for each sub-folder of ``dir_path`` that holds images."""
-        classes = [self.class_type(os.path.join(dir_path, name), **self.class_kwargs)
-                   for name in sorted(os.listdir(dir_path))
-                   if os.path.isdir(os.path.join(dir_path, name))]
+        classes = [
+            self.class_type(os.path.join(dir_path, name), **self.class_kwargs)
+            for name in sorted(os.listdir(dir_path))
+            if os.path.isdir(os.path.join(dir_path, name))
+        ]
         classes = [c for c in classes if len(c)]
         if not classes:
             raise DataError(f"no class folders with images in {dir_path}")
         return classes
 
 
-def read_omniglot(root: str, train_characters: int, seed: int, size: int = 28,
-                  augment: bool = True) -> tuple[list, list, list]:
+def read_omniglot(
+    root: str, train_characters: int, seed: int, size: int = 28, augment: bool = True
+) -> tuple[list, list, list]:
     """Read Omniglot's layout: (train, val, test) character lists, val empty."""
     _check_folder(root)
-    parts = [os.path.join(root, p) for p in ("images_background", "images_evaluation")
-             if os.path.isdir(os.path.join(root, p))] or [root]
+    parts = [
+        os.path.join(root, p)
+        for p in ("images_background", "images_evaluation")
+        if os.path.isdir(os.path.join(root, p))
+    ] or [root]
     cache: dict = {}
     characters = []
     for part in parts:
@@ -175,108 +183,20 @@ def read_omniglot(root: str, train_characters: int, seed: int, size: int = 28,
                     if len(character):
                         characters.append(character)
     if not characters:
-        raise DataError(f"no character folders with images in {root} "
-                        f"(expected <alphabet>/<character>/*.png)")
+        raise DataError(
+            f"no character folders with images in {root} (expected <alphabet>/<character>/*.png)"
+        )
     if len(characters) <= train_characters:
-        raise DataError(f"{root} has {len(characters)} characters; dataset.train_characters="
-                        f"{train_characters} leaves none to test on")
+        raise DataError(
+            f"{root} has {len(characters)} characters; dataset.train_characters="
+            f"{train_characters} leaves none to test on"
+        )
     order = np.random.default_rng(seed).permutation(len(characters))
     train = [characters[i] for i in order[:train_characters]]
     test = [characters[i] for i in order[train_characters:]]
     if augment:
         train = [c.rotated(r) for c in train for r in (0, 90, 180, 270)]
     return train, [], test
-
-
-def verify_images(*splits: list) -> int:
-    """Open the header of every image of these classes; a file that is no image fails clearly.
-
-    Cheap (no pixels are decoded), so a bad file is named before training starts rather
-    than whenever a task first samples it.  Returns the number of files checked.
-    """
-    seen = set()
-    for classes in splits:
-        for c in classes:
-            for name in c.names:
-                path = os.path.join(c.dir_path, name)
-                if path in seen:
-                    continue
-                seen.add(path)
-                try:
-                    with Image.open(path):
-                        pass
-                except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
-                    raise DataError(f"cannot read image {path}: {err}") from err
-    return len(seen)
-
-
-def decoded_mib(*splits: list) -> float:
-    """What every image of these classes takes decoded (uint8), in MiB."""
-    seen = {(c.dir_path, c.size, c.channels, len(c)) for classes in splits for c in classes}
-    return sum(size * size * channels * count for _, size, channels, count in seen) / 2**20
-
-
-def preload_images(*splits: list, store: str | None = None) -> int:
-    """Decode every image of these classes into their caches; a file that is no image fails
-    clearly.  Sampling a task then decodes nothing, which keeps the CPU for training
-    (decoding on the sampling thread took a core's share from the training threads).
-
-    ``store``: a file kspipe owns (beside the embedded data set) that keeps the decoded
-    images between runs: read from it when it holds these very files at this size, else
-    written there after decoding (32,460 images: 0.06 s to read, ~3.5 s to decode).
-    Returns the number of files decoded or read."""
-    seen, keys, classes_by_dir = set(), [], {}
-    for classes in splits:
-        for c in classes:
-            if c.dir_path in seen:
-                continue
-            seen.add(c.dir_path)
-            classes_by_dir[c.dir_path] = c
-            keys.extend((c.dir_path, name) for name in c.names)
-    if store and _read_store(store, keys, classes_by_dir):
-        return len(keys)
-    for dir_path, name in keys:
-        classes_by_dir[dir_path]._read_image(name)
-    if store and keys:
-        _write_store(store, keys, classes_by_dir)
-    return len(keys)
-
-
-def _store_file(store: str, keys: list) -> str:
-    """The store's file for these images: their names' digest in its name, so a store
-    never serves another set of files."""
-    folders = {d: os.path.relpath(d, os.path.dirname(store)) for d in {d for d, _ in keys}}
-    names = "\n".join(f"{folders[d]}/{n}" for d, n in keys)
-    return f"{store}-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
-
-
-def _read_store(store: str, keys: list, classes_by_dir: dict) -> bool:
-    try:
-        images = np.load(_store_file(store, keys), allow_pickle=False)
-    except (OSError, ValueError):
-        return False
-    some = next(iter(classes_by_dir.values()))
-    if images.dtype != np.uint8 or images.shape != (len(keys), some.size, some.size,
-                                                    some.channels):
-        return False
-    for (dir_path, name), image in zip(keys, images):
-        classes_by_dir[dir_path]._cache[(dir_path, name)] = image
-    return True
-
-
-def _write_store(store: str, keys: list, classes_by_dir: dict) -> None:
-    """Written to a temporary file renamed into place: never half a file."""
-    images = np.stack([classes_by_dir[d]._cache[(d, n)] for d, n in keys])
-    path = _store_file(store, keys)
-    handle, temporary = tempfile.mkstemp(prefix=".decoded-", suffix=".npy",
-                                         dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, "wb") as f:
-            np.save(f, images)
-        os.replace(temporary, path)
-    except OSError:  # a read-only cache: decoded again next time
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
 
 
 def _check_folder(path: str) -> None:
@@ -314,16 +234,21 @@ class FewShotDataset:
         for split, needed in (("train", train_images), ("test", test_images)):
             classes = getattr(self, split)
             if ways > len(classes):
-                raise DataError(f"task.ways={ways} is more than the {len(classes)} {split} "
-                                f"classes of {self.root or self.name}")
+                raise DataError(
+                    f"task.ways={ways} is more than the {len(classes)} {split} "
+                    f"classes of {self.root or self.name}"
+                )
             small = [c for c in classes if len(c) < needed]
             if small:
-                raise DataError(f"class folder {small[0].dir_path} has {len(small[0])} images, "
-                                f"fewer than the {needed} a task needs (shots + queries)")
+                raise DataError(
+                    f"class folder {small[0].dir_path} has {len(small[0])} images, "
+                    f"fewer than the {needed} a task needs (shots + queries)"
+                )
 
 
-def sample_task(classes: list, ways: int, shots: int, queries: int,
-                rng: np.random.Generator) -> Task:
+def sample_task(
+    classes: list, ways: int, shots: int, queries: int, rng: np.random.Generator
+) -> Task:
     """Sample ``ways`` classes, then ``shots`` support and ``queries`` query images of each.
 
     Labels are 0..ways-1 in the order the classes were drawn.
@@ -336,8 +261,12 @@ def sample_task(classes: list, ways: int, shots: int, queries: int,
         query_x.append(images[shots:])
         support_y += [label] * shots
         query_y += [label] * queries
-    return Task(np.concatenate(support_x), np.array(support_y, dtype=np.int64),
-                np.concatenate(query_x), np.array(query_y, dtype=np.int64))
+    return Task(
+        np.concatenate(support_x),
+        np.array(support_y, dtype=np.int64),
+        np.concatenate(query_x),
+        np.array(query_y, dtype=np.int64),
+    )
 
 
 class Prefetcher:

@@ -36,7 +36,9 @@ def kanjivg_folder() -> Path:
     try:
         dist = metadata.distribution("kanjivg")
     except metadata.PackageNotFoundError as err:
-        raise DataError("the embedded data set needs the 'kanjivg' package: pip install kanjivg") from err
+        raise DataError(
+            "the embedded data set needs the 'kanjivg' package: pip install kanjivg"
+        ) from err
     folder = Path(dist.locate_file("kanji"))
     if not folder.is_dir():
         raise DataError(f"the kanjivg package has no SVG folder at {folder}")
@@ -63,7 +65,7 @@ def _flatten_path(d: str, segments: int) -> np.ndarray:
         base = pos if relative else np.zeros(2)
         op = cmd.upper()
         n = {"M": 2, "L": 2, "C": 6, "S": 4}[op]
-        vals = np.array([float(v) for v in tokens[i:i + n]]).reshape(-1, 2) + base
+        vals = np.array([float(v) for v in tokens[i : i + n]]).reshape(-1, 2) + base
         i += n
         if op == "M":
             pos = vals[0]
@@ -79,8 +81,12 @@ def _flatten_path(d: str, segments: int) -> np.ndarray:
             else:  # S: first control point mirrors the previous curve's second one
                 c1 = 2 * pos - last_ctrl if last_ctrl is not None else pos
                 c2, end = vals
-            curve = ((1 - t) ** 3 * pos + 3 * (1 - t) ** 2 * t * c1
-                     + 3 * (1 - t) * t ** 2 * c2 + t ** 3 * end)
+            curve = (
+                (1 - t) ** 3 * pos
+                + 3 * (1 - t) ** 2 * t * c1
+                + 3 * (1 - t) * t**2 * c2
+                + t**3 * end
+            )
             points.append(curve)
             pos, last_ctrl = end, c2
     return np.concatenate(points) if points else np.zeros((0, 2))
@@ -121,8 +127,9 @@ class Drawer:
         return image
 
 
-def choose_characters(folder: Path, count: int, rng: np.random.Generator,
-                      min_strokes: int = 2, max_strokes: int = 12) -> list[tuple[str, list]]:
+def choose_characters(
+    folder: Path, count: int, rng: np.random.Generator, min_strokes: int = 2, max_strokes: int = 12
+) -> list[tuple[str, list]]:
     """Pick ``count`` base characters (no variants) with a moderate number of strokes."""
     candidates = []
     for path in sorted(folder.glob("*.svg")):
@@ -132,14 +139,15 @@ def choose_characters(folder: Path, count: int, rng: np.random.Generator,
         if min_strokes <= text.count("<path") <= max_strokes:
             candidates.append((path.stem, text))
     if len(candidates) < count:
-        raise DataError(f"kanjivg has only {len(candidates)} characters with "
-                        f"{min_strokes}-{max_strokes} strokes, fewer than {count}")
+        raise DataError(
+            f"kanjivg has only {len(candidates)} characters with "
+            f"{min_strokes}-{max_strokes} strokes, fewer than {count}"
+        )
     picked = rng.choice(len(candidates), size=count, replace=False)
     return [(candidates[i][0], parse_strokes(candidates[i][1])) for i in sorted(picked)]
 
 
-def build(root: Path, characters: int, drawers: int, size: int, seed: int,
-          progress=None) -> Path:
+def build(root: Path, characters: int, drawers: int, size: int, seed: int, progress=None) -> Path:
     """Write the data set under ``root`` (Omniglot layout), atomically; return ``root``."""
     rng = np.random.default_rng(seed)
     chosen = choose_characters(kanjivg_folder(), characters, rng)
@@ -161,8 +169,15 @@ def build(root: Path, characters: int, drawers: int, size: int, seed: int,
     return atomic_build(root, draw_all, "images_background")
 
 
-def ensure(characters: int = 1623, drawers: int = 20, size: int = 28, seed: int = 0,
-           cache_dir: str | None = None, progress=None, say=print) -> Path:
+def ensure(
+    characters: int = 1623,
+    drawers: int = 20,
+    size: int = 28,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    progress=None,
+    say=print,
+) -> Path:
     """Return the cached embedded data set for these settings, building it if needed."""
     version = metadata.version("kanjivg")
     base = files.cache_dir(cache_dir)
@@ -171,8 +186,10 @@ def ensure(characters: int = 1623, drawers: int = 20, size: int = 28, seed: int 
         say(f"kspipe: using the embedded KanjiVG data set (no dataset.root given): {root}")
         return root
     base.mkdir(parents=True, exist_ok=True)
-    say(f"kspipe: no dataset.root given: building the embedded KanjiVG data set "
-        f"({characters} characters x {drawers} drawers, seed {seed}) in {root}")
+    say(
+        f"kspipe: no dataset.root given: building the embedded KanjiVG data set "
+        f"({characters} characters x {drawers} drawers, seed {seed}) in {root}"
+    )
     start = time.perf_counter()
     build(root, characters, drawers, size, seed, progress=progress)
     say(f"kspipe: built the embedded data set in {time.perf_counter() - start:.1f} s")

@@ -6,11 +6,17 @@ import os
 import sys
 
 from kspipe import hookimpl
+from kspipe.errors import ConfigError, DataError
 from kspipe.fewshot import kanji
 from kspipe.fewshot.config import DatasetConfig
-from kspipe.fewshot.data import (FewShotDataset, Open_KS_Character, Open_KS_ImageNet, Open_KS_read,
-                         decoded_mib, preload_images, read_omniglot, verify_images)
-from kspipe.errors import ConfigError, DataError
+from kspipe.fewshot.data import (
+    FewShotDataset,
+    Open_KS_Character,
+    Open_KS_ImageNet,
+    Open_KS_read,
+    read_omniglot,
+)
+from kspipe.fewshot.preload import decoded_mib, preload_images, verify_images
 from kspipe.files import user_path
 
 KINDS = {"omniglot": (28, 1), "miniimagenet": (84, 3)}
@@ -29,18 +35,27 @@ def kspipe_read_dataset(cfg, role):
     default_size, channels = KINDS[data.name]
     size = data.image_size or default_size
     if role.is_server():  # a parameter server needs the image shape, not the images
-        return FewShotDataset(name=data.name, train=[], val=[], test=[],
-                              image_shape=(size, size, channels))
+        return FewShotDataset(
+            name=data.name, train=[], val=[], test=[], image_shape=(size, size, channels)
+        )
     root, store = data.root, None
     if root is None:
         if data.name != "omniglot":
-            raise ConfigError(f"dataset.name={data.name} has no embedded data set: "
-                              f"set dataset.root to its folder")
+            raise ConfigError(
+                f"dataset.name={data.name} has no embedded data set: set dataset.root to its folder"
+            )
         embedded = data.embedded
-        root = str(kanji.ensure(
-            characters=embedded.characters, drawers=embedded.drawers, size=size,
-            seed=embedded.seed, cache_dir=embedded.cache_dir,
-            progress=_build_progress, say=_say))
+        root = str(
+            kanji.ensure(
+                characters=embedded.characters,
+                drawers=embedded.drawers,
+                size=size,
+                seed=embedded.seed,
+                cache_dir=embedded.cache_dir,
+                progress=_build_progress,
+                say=_say,
+            )
+        )
         store = os.path.join(root, f"decoded-{size}px")  # kspipe's own folder: kept there
     root = user_path(root)
     if os.path.isdir(os.path.join(root, "train")):
@@ -48,19 +63,28 @@ def kspipe_read_dataset(cfg, role):
         cache: dict = {}
         train, val, test = Open_KS_read(kind, cache=cache, size=size).read_dataset(root)
     elif data.name == "omniglot":
-        train, val, test = read_omniglot(root, data.train_characters, seed=cfg.seed, size=size,
-                                         augment=data.augment)
+        train, val, test = read_omniglot(
+            root, data.train_characters, seed=cfg.seed, size=size, augment=data.augment
+        )
     else:
         if not os.path.exists(root):
             raise DataError(f"data folder {root} does not exist")
-        raise DataError(f"data folder {root} has no 'train' folder "
-                        f"(expected train/, val/, test/ of class folders)")
+        raise DataError(
+            f"data folder {root} has no 'train' folder "
+            f"(expected train/, val/, test/ of class folders)"
+        )
     if decoded_mib(train, val, test) <= data.preload_mib:
         preload_images(train, val, test, store=store)  # each image decoded once: verified too
     elif data.verify:
         verify_images(train, val, test)
-    return FewShotDataset(name=data.name, train=train, val=val, test=test,
-                          image_shape=(size, size, channels), root=root)
+    return FewShotDataset(
+        name=data.name,
+        train=train,
+        val=val,
+        test=test,
+        image_shape=(size, size, channels),
+        root=root,
+    )
 
 
 def _say(message: str) -> None:

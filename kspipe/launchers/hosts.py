@@ -61,11 +61,14 @@ def job_hosts(kind: str, cfg) -> JobHosts | None:
     here = this_host(cfg.cluster.host, everyone)
     first, _, port = workers[0].rpartition(":")
     control = cfg.cluster.get("control_port") or int(port) + 2
-    taken = set(everyone) | {f"{e.rpartition(':')[0]}:{int(e.rpartition(':')[2]) + 1}"
-                             for e in (everyone[0], workers[0])}  # the gloo meeting points
+    taken = set(everyone) | {
+        f"{e.rpartition(':')[0]}:{int(e.rpartition(':')[2]) + 1}" for e in (everyone[0], workers[0])
+    }  # the gloo meeting points
     if f"{first}:{control}" in taken:
-        raise ConfigError(f"the hosts' control endpoint {first}:{control} is an endpoint of "
-                          f"the job (or its gloo port): set cluster.control_port to a free port")
+        raise ConfigError(
+            f"the hosts' control endpoint {first}:{control} is an endpoint of "
+            f"the job (or its gloo port): set cluster.control_port to a free port"
+        )
     return JobHosts(here=here, first=first, hosts=hosts, control=(first, int(control)))
 
 
@@ -90,8 +93,10 @@ class HostLink:
         self._opened = time.monotonic()
         if self.hosts.is_first:
             self._listen()
-            say(f"waiting for the launchers of {', '.join(sorted(self.hosts.others))} on "
-                f"{self._endpoint()}")
+            say(
+                f"waiting for the launchers of {', '.join(sorted(self.hosts.others))} on "
+                f"{self._endpoint()}"
+            )
         else:
             say(f"connecting to the first host's launcher on {self._endpoint()}")
             self._connect()
@@ -106,8 +111,10 @@ class HostLink:
             listener.bind(self.hosts.control)
         except OSError as err:
             listener.close()
-            raise ConfigError(f"the hosts' control endpoint {self._endpoint()} cannot be "
-                              f"opened ({err.strerror}): set cluster.control_port") from err
+            raise ConfigError(
+                f"the hosts' control endpoint {self._endpoint()} cannot be "
+                f"opened ({err.strerror}): set cluster.control_port"
+            ) from err
         listener.listen()
         self._listener = listener
         threading.Thread(target=self._accept, daemon=True).start()
@@ -139,9 +146,11 @@ class HostLink:
                 break
             except OSError as err:
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"the first host's launcher did not answer on "
-                                       f"{self._endpoint()} within cluster.hosts_timeout_s="
-                                       f"{self.timeout_s:g} s ({err.strerror or err})") from err
+                    raise ClusterError(
+                        f"the first host's launcher did not answer on "
+                        f"{self._endpoint()} within cluster.hosts_timeout_s="
+                        f"{self.timeout_s:g} s ({err.strerror or err})"
+                    ) from err
                 time.sleep(CONNECT_RETRY_S)
         conn.settimeout(None)
         conn.sendall(f"hello {self.hosts.here}\n".encode())
@@ -176,14 +185,19 @@ class HostLink:
 
     def failure(self) -> str | None:
         """Why the job failed elsewhere, if it did; Cluster.wait polls it."""
-        if (self._failure is None and self.hosts.is_first
-                and time.monotonic() - self._opened > self.timeout_s):
+        if (
+            self._failure is None
+            and self.hosts.is_first
+            and time.monotonic() - self._opened > self.timeout_s
+        ):
             with self._lock:
                 missing = self.hosts.others - set(self._peers)
             if missing:
-                self._fail(f"the launcher of {', '.join(sorted(missing))} did not connect to "
-                           f"{self._endpoint()} within cluster.hosts_timeout_s="
-                           f"{self.timeout_s:g} s")
+                self._fail(
+                    f"the launcher of {', '.join(sorted(missing))} did not connect to "
+                    f"{self._endpoint()} within cluster.hosts_timeout_s="
+                    f"{self.timeout_s:g} s"
+                )
         return self._failure
 
     def close(self, failure: str | None = None) -> None:

@@ -38,8 +38,10 @@ class PaddleJobLauncher(ProcessLauncher):
         return f"wrote the PaddleJob {path}; start it with kubectl apply -f {path}"
 
     def check(self, cfg, processes: int) -> None:
-        raise ConfigError("cluster.launcher=paddlejob: the kspipe command writes the job's "
-                          "PaddleJob manifest; Kubernetes starts its processes")
+        raise ConfigError(
+            "cluster.launcher=paddlejob: the kspipe command writes the job's "
+            "PaddleJob manifest; Kubernetes starts its processes"
+        )
 
 
 @hookimpl
@@ -55,9 +57,12 @@ def kspipe_process_launchers():
 
 def pod_command(overrides: list[str], name: str) -> list[str]:
     """What every pod runs: the overrides given, with the job's id and no launcher."""
-    kept = [o for o in overrides
-            if o.lstrip("+~").partition("=")[0] not in ("cluster.launcher", "cluster.job_id",
-                                                        "cluster.image")]
+    kept = [
+        o
+        for o in overrides
+        if o.lstrip("+~").partition("=")[0]
+        not in ("cluster.launcher", "cluster.job_id", "cluster.image")
+    ]
     return ["kspipe", *kept, f"cluster.job_id={name}"]
 
 
@@ -67,20 +72,29 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
     from kspipe.cluster.endpoints import process_count
 
     if not cfg.cluster.get("image"):
-        raise ConfigError("cluster.launcher=paddlejob: cluster.image names the container image "
-                          "the pods run (one with kspipe and its plugins installed)")
+        raise ConfigError(
+            "cluster.launcher=paddlejob: cluster.image names the container image "
+            "the pods run (one with kspipe and its plugins installed)"
+        )
 
     def replicas(count: int) -> dict:
-        container = {"name": "kspipe", "image": str(cfg.cluster.image),
-                     "command": pod_command(overrides, name)}
+        container = {
+            "name": "kspipe",
+            "image": str(cfg.cluster.image),
+            "command": pod_command(overrides, name),
+        }
         return {"replicas": count, "template": {"spec": {"containers": [container]}}}
 
     spec = {"withGloo": 1, "intranet": "PodIP", "cleanPodPolicy": "OnCompletion"}
     if cfg.mode == "pserver":
         spec["ps"] = replicas(process_count(cfg.servers, "servers"))
     spec["worker"] = replicas(process_count(cfg.workers, "workers"))
-    return {"apiVersion": API_VERSION, "kind": "PaddleJob", "metadata": {"name": name},
-            "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PaddleJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def write(cfg, overrides: list[str], run_dir: str) -> str:

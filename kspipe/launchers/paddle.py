@@ -28,12 +28,12 @@ import time
 
 from kspipe import hookimpl
 from kspipe.cluster.endpoints import free_ports, parse_endpoints
+from kspipe.cluster.plan import Planned
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
 from kspipe.launchers.config import LauncherConfig
-from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 from kspipe.launchers.processes import ProcessLauncher
-from kspipe.cluster.plan import Planned
+from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 
 #: How long the roles may take to save their state and exit when the job is stopped.
 ROLES_GRACE_S = 60.0
@@ -48,10 +48,12 @@ class PaddleLauncher(ProcessLauncher):
 
     def check(self, cfg, processes: int) -> None:
         if any(parse_endpoints(cfg.get(key), key) is not None for key in ("workers", "servers")):
-            raise ConfigError("cluster.launcher=paddle starts a job on this host, so workers and "
-                              "servers are counts; for a job across hosts, run python -m "
-                              "paddle.distributed.launch on each with kspipe as its program "
-                              "(docs/distributed.md, \"Jobs a scheduler starts\")")
+            raise ConfigError(
+                "cluster.launcher=paddle starts a job on this host, so workers and "
+                "servers are counts; for a job across hosts, run python -m "
+                "paddle.distributed.launch on each with kspipe as its program "
+                '(docs/distributed.md, "Jobs a scheduler starts")'
+            )
 
     def run(self, cfg, reporter, plan: list[Planned], description: str, hosts=None) -> dict:
         run_dir = os.path.abspath(reporter.run_dir)
@@ -61,8 +63,9 @@ class PaddleLauncher(ProcessLauncher):
         follow = Follower(os.path.join(logs, "workerlog.0"))
         reporter.say(f"starting {description} with Paddle's launcher; logs in {logs}")
         started = time.time()
-        launcher = cluster.start("paddle-launch", 0, environment(plan),
-                                 launch_command(plan, run_dir, logs), cwd=logs)
+        launcher = cluster.start(
+            "paddle-launch", 0, environment(plan), launch_command(plan, run_dir, logs), cwd=logs
+        )
         try:
             watch(launcher.popen, follow, cfg.cluster.timeout_s, logs)
         except BaseException:
@@ -92,11 +95,19 @@ def launch_command(plan: list[Planned], run_dir: str, logs: str) -> list[str]:
     servers = sum(1 for p in plan if p.role == "server")
     workers = len(plan) - servers
     job = f"kspipe-{digest(run_dir)}"
-    command = [sys.executable, "-m", "paddle.distributed.launch", f"--log_dir={logs}",
-               f"--job_id={job}"]
+    command = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        f"--log_dir={logs}",
+        f"--job_id={job}",
+    ]
     if servers:
-        command += [f"--server_num={servers}", f"--trainer_num={workers}",
-                    f"--gloo_port={free_ports(1)[0]}"]
+        command += [
+            f"--server_num={servers}",
+            f"--trainer_num={workers}",
+            f"--gloo_port={free_ports(1)[0]}",
+        ]
     else:
         command += [f"--nproc_per_node={workers}"]
     return command + worker_command(run_dir)  # a program not ending in .py runs as it is
@@ -115,8 +126,10 @@ def watch(launcher, follow: "Follower", timeout_s, logs: str) -> None:
     while launcher.poll() is None:
         follow.echo()
         if deadline is not None and time.monotonic() > deadline:
-            raise ClusterError(f"the job did not finish within cluster.timeout_s="
-                               f"{float(timeout_s):g} s; logs in {logs}")
+            raise ClusterError(
+                f"the job did not finish within cluster.timeout_s="
+                f"{float(timeout_s):g} s; logs in {logs}"
+            )
         time.sleep(0.2)
 
 
@@ -190,14 +203,17 @@ def verdict(run_dir: str, logs: str, code: int, started: float) -> dict:
         if role in ("worker", "server") and index.isdigit():
             message = error_line(os.path.join(logs, name))
             if message:
-                failures.append((message, f"{role} {index}: {message} (its log: "
-                                          f"{os.path.join(logs, name)})"))
+                failures.append(
+                    (message, f"{role} {index}: {message} (its log: {os.path.join(logs, name)})")
+                )
     if failures:  # the cause, rather than a role that Paddle's launcher stopped after it
         causes = [line for message, line in failures if not message.startswith("stopped by")]
         raise ClusterError((causes or [line for _, line in failures])[0])
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path) or os.path.getmtime(path) < started:
-        raise ClusterError(f"the job ended without results (Paddle's launcher exited with "
-                           f"status {code}); logs in {logs}")
+        raise ClusterError(
+            f"the job ended without results (Paddle's launcher exited with "
+            f"status {code}); logs in {logs}"
+        )
     with open(path) as f:
         return json.load(f)

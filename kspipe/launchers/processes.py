@@ -22,9 +22,9 @@ A plugin adds one by returning it from the hook ``kspipe_process_launchers``
 from __future__ import annotations
 
 from kspipe import hookimpl
+from kspipe.cluster.plan import Planned, launch_plan
 from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.watcher import run_cluster
-from kspipe.cluster.plan import Planned, launch_plan
 
 
 class ProcessLauncher:

@@ -28,8 +28,8 @@ import subprocess
 import sys
 
 from kspipe import hookimpl
-from kspipe.errors import ConfigError
 from kspipe.cluster.plan import Planned, launch_plan
+from kspipe.errors import ConfigError
 from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 
@@ -46,8 +46,10 @@ class SlurmLauncher(ProcessLauncher):
         from kspipe.files import workdir
 
         job = submit(cfg, cfg.run_dir, workdir())
-        return (f"submitted Slurm job {job}; follow it with squeue -j {job} and "
-                f"{os.path.join(cfg.run_dir, f'slurm-{job}.out')}")
+        return (
+            f"submitted Slurm job {job}; follow it with squeue -j {job} and "
+            f"{os.path.join(cfg.run_dir, f'slurm-{job}.out')}"
+        )
 
     def check(self, cfg, processes: int) -> None:
         check_counts(cfg)
@@ -59,18 +61,24 @@ class SlurmLauncher(ProcessLauncher):
         check_counts(cfg)
         if kind == "local":  # one process, as a step of its own inside an allocation
             return launch_plan("local", workers)
-        server_eps, worker_eps, meeting = endpoints(int(servers) if kind == "pserver" else 0,
-                                                    int(workers))
+        server_eps, worker_eps, meeting = endpoints(
+            int(servers) if kind == "pserver" else 0, int(workers)
+        )
         options["threads"] = options.get("threads") or threads()
-        return launch_plan(kind, worker_eps, server_eps or None, every_host=True,
-                           meeting_port=meeting, **options)
+        return launch_plan(
+            kind, worker_eps, server_eps or None, every_host=True, meeting_port=meeting, **options
+        )
 
     def command(self, planned: Planned, command: list[str]) -> list[str]:
         if not os.environ.get("SLURM_JOB_ID"):  # a local job outside an allocation
             return command
         node = node_of(planned.endpoint) if planned.endpoint else allocation_hosts()[0]
-        return step(node, f"kspipe-{planned.role}.{planned.index}", command,
-                    int(planned.env.get("KSPIPE_THREADS") or threads()))
+        return step(
+            node,
+            f"kspipe-{planned.role}.{planned.index}",
+            command,
+            int(planned.env.get("KSPIPE_THREADS") or threads()),
+        )
 
 
 @hookimpl
@@ -88,31 +96,41 @@ def check_allocation(processes: int, env=os.environ) -> None:
     """Refuse, in one line, a launch that Slurm cannot run here: no ``srun``, outside an
     allocation, or an allocation of fewer tasks than the job's processes."""
     if shutil.which("srun") is None:
-        raise ConfigError("cluster.launcher=slurm: Slurm's srun is not on PATH (install "
-                          "Slurm's client, or use cluster.launcher=processes)")
+        raise ConfigError(
+            "cluster.launcher=slurm: Slurm's srun is not on PATH (install "
+            "Slurm's client, or use cluster.launcher=processes)"
+        )
     if not env.get("SLURM_JOB_ID"):
-        raise ConfigError("cluster.launcher=slurm runs inside a Slurm allocation: start "
-                          "kspipe from an sbatch script or under salloc (docs/distributed.md)")
+        raise ConfigError(
+            "cluster.launcher=slurm runs inside a Slurm allocation: start "
+            "kspipe from an sbatch script or under salloc (docs/distributed.md)"
+        )
     tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
     if tasks and int(tasks) < processes:
-        raise ConfigError(f"the Slurm allocation (job {env['SLURM_JOB_ID']}) has {tasks} "
-                          f"task(s); this job needs {processes} (one per server and worker): "
-                          f"allocate with -n {processes} or more")
+        raise ConfigError(
+            f"the Slurm allocation (job {env['SLURM_JOB_ID']}) has {tasks} "
+            f"task(s); this job needs {processes} (one per server and worker): "
+            f"allocate with -n {processes} or more"
+        )
 
 
 def allocation_hosts(env=os.environ) -> list[str]:
     """The allocation's nodes, in order (``scontrol show hostnames``)."""
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise ConfigError(f"cannot read the Slurm allocation's nodes with scontrol: {err}") \
-            from None
+        raise ConfigError(
+            f"cannot read the Slurm allocation's nodes with scontrol: {err}"
+        ) from None
     hosts = out.stdout.split()
     if out.returncode or not hosts:
-        raise ConfigError(f"cannot read the Slurm allocation's nodes ({nodes!r}): "
-                          f"{out.stderr.strip() or 'scontrol printed none'}")
+        raise ConfigError(
+            f"cannot read the Slurm allocation's nodes ({nodes!r}): "
+            f"{out.stderr.strip() or 'scontrol printed none'}"
+        )
     return hosts
 
 
@@ -141,15 +159,19 @@ def node_addresses(nodes: list[str], env=os.environ) -> dict:
     """``{node: address}``: where the other nodes reach each node.  Slurm's own ``NodeAddr``
     when slurm.conf gives one (the address its controller reaches the node at), else the
     node's name resolved here."""
-    out = subprocess.run(["scontrol", "-o", "show", "node", ",".join(nodes)],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "node", ",".join(nodes)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     given = {}
     for line in out.stdout.splitlines():
         fields = dict(item.partition("=")[::2] for item in line.split() if "=" in item)
         if fields.get("NodeName") and fields.get("NodeAddr"):
             given[fields["NodeName"]] = fields["NodeAddr"]
-    return {node: given[node] if given.get(node, node) != node else address(node)
-            for node in nodes}
+    return {node: given[node] if given.get(node, node) != node else address(node) for node in nodes}
 
 
 def address(node: str) -> str:
@@ -159,8 +181,10 @@ def address(node: str) -> str:
     except OSError as err:
         raise ConfigError(f"the allocation's node {node} has no address here: {err}") from None
     if found.startswith("127."):
-        raise ConfigError(f"the allocation's node {node} resolves to {found} (a loopback "
-                          f"address the other nodes cannot reach): fix its entry in /etc/hosts")
+        raise ConfigError(
+            f"the allocation's node {node} resolves to {found} (a loopback "
+            f"address the other nodes cannot reach): fix its entry in /etc/hosts"
+        )
     return found
 
 
@@ -181,9 +205,19 @@ def step(node: str, name: str, command: list[str], cpus: int = 1) -> list[str]:
     and ``--mem=0`` let the steps run side by side: without them the first step takes
     every CPU (and, where Slurm counts memory, all the memory) of the allocation, and the
     next waits for it to end."""
-    return ["srun", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}", "--exact",
-            "--mem=0", f"--nodelist={node}", "--quiet", "--kill-on-bad-exit=1",
-            f"--job-name={name}", *command]
+    return [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={cpus}",
+        "--exact",
+        "--mem=0",
+        f"--nodelist={node}",
+        "--quiet",
+        "--kill-on-bad-exit=1",
+        f"--job-name={name}",
+        *command,
+    ]
 
 
 def threads(env=os.environ) -> int:
@@ -197,8 +231,9 @@ def check_counts(cfg) -> None:
 
     for key in ("workers", "servers"):
         if parse_endpoints(cfg.get(key, 1), key) is not None:
-            raise ConfigError(f"cluster.launcher=slurm places the processes itself: give "
-                              f"{key} as a count")
+            raise ConfigError(
+                f"cluster.launcher=slurm places the processes itself: give {key} as a count"
+            )
 
 
 def submits(cfg, env=os.environ) -> bool:
@@ -206,8 +241,12 @@ def submits(cfg, env=os.environ) -> bool:
     distributed mode with ``cluster.launcher=slurm``, outside an allocation."""
     from kspipe.cluster import environment
 
-    return (cfg.mode in ("pserver", "collective") and cfg.cluster.get("launcher") == "slurm"
-            and not env.get("SLURM_JOB_ID") and not environment.given(cfg.mode, env))
+    return (
+        cfg.mode in ("pserver", "collective")
+        and cfg.cluster.get("launcher") == "slurm"
+        and not env.get("SLURM_JOB_ID")
+        and not environment.given(cfg.mode, env)
+    )
 
 
 def processes(cfg) -> int:
@@ -225,25 +264,34 @@ def submit(cfg, run_dir: str, workdir: str) -> str:
     from omegaconf import OmegaConf
 
     if shutil.which("sbatch") is None:
-        raise ConfigError("cluster.launcher=slurm: Slurm's sbatch is not on PATH (install "
-                          "Slurm's client, or use cluster.launcher=processes)")
+        raise ConfigError(
+            "cluster.launcher=slurm: Slurm's sbatch is not on PATH (install "
+            "Slurm's client, or use cluster.launcher=processes)"
+        )
     os.makedirs(run_dir, exist_ok=True)
     job = OmegaConf.to_container(cfg, resolve=True)
     job["run_dir"] = run_dir
     config = os.path.join(run_dir, "submitted.yaml")
     OmegaConf.save(OmegaConf.create(job), config)
     script = os.path.join(run_dir, "kspipe.sbatch")
-    options = ["--job-name=kspipe", f"--ntasks={processes(cfg)}", "--requeue",
-               "--signal=B:TERM@60", "--open-mode=append",
-               f"--output={os.path.join(run_dir, 'slurm-%j.out')}", f"--chdir={workdir}",
-               *[str(a) for a in cfg.cluster.get("slurm_args") or []]]
+    options = [
+        "--job-name=kspipe",
+        f"--ntasks={processes(cfg)}",
+        "--requeue",
+        "--signal=B:TERM@60",
+        "--open-mode=append",
+        f"--output={os.path.join(run_dir, 'slurm-%j.out')}",
+        f"--chdir={workdir}",
+        *[str(a) for a in cfg.cluster.get("slurm_args") or []],
+    ]
     with open(script, "w") as f:
         f.write("#!/bin/bash\n")
         f.write("".join(f"#SBATCH {option}\n" for option in options))
         f.write("# the launcher of the job, in the allocation (it starts the roles with srun)\n")
         f.write(f"exec {shlex.join([sys.executable, '-m', 'kspipe.cli.worker', config])}\n")
-    out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        ["sbatch", "--parsable", script], capture_output=True, text=True, timeout=120
+    )
     if out.returncode:
         said = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
         raise ConfigError(f"sbatch refused the job ({script}): {said[-1]}")

@@ -63,21 +63,36 @@ class Cluster:
         self.processes: list[Process] = []
         self.echo_first_worker = echo_first_worker
 
-    def start(self, role: str, index: int, env: dict, command: list[str] | None = None,
-              cwd: str | None = None) -> Process:
+    def start(
+        self,
+        role: str,
+        index: int,
+        env: dict,
+        command: list[str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
         """Start one role: ``command`` (default: the job's stages, :func:`worker_command`),
         in ``cwd`` (default: the run folder, so nothing a process writes lands elsewhere)."""
         os.makedirs(self.log_dir, exist_ok=True)
         log_path = os.path.join(self.log_dir, f"{role}.{index}.log")
         log = open(log_path, "w", buffering=1)
         cmd = command or worker_command(self.run_dir)
-        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-                                 cwd=cwd or self.run_dir, preexec_fn=_die_with_parent)
+        popen = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            cwd=cwd or self.run_dir,
+            preexec_fn=_die_with_parent,
+        )
         process = Process(role, index, popen, log_path)
         echo = self.echo_first_worker if (role == "worker" and index == 0) else False
-        thread = threading.Thread(target=_copy_output, daemon=True,
-                                  args=(popen.stdout, log, echo, process))
+        thread = threading.Thread(
+            target=_copy_output, daemon=True, args=(popen.stdout, log, echo, process)
+        )
         thread.start()
         process.threads.append(thread)
         self.processes.append(process)
@@ -104,8 +119,10 @@ class Cluster:
                 return
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.stop()
-                raise ClusterError(f"the cluster did not finish within cluster.timeout_s="
-                                   f"{timeout_s:g} s; logs in {self.log_dir}")
+                raise ClusterError(
+                    f"the cluster did not finish within cluster.timeout_s="
+                    f"{timeout_s:g} s; logs in {self.log_dir}"
+                )
             time.sleep(poll_s)
 
     def _failure(self, failed: "Process", code: int) -> ClusterError:
@@ -192,7 +209,7 @@ def _copy_output(stream, log, echo: bool, process: Process) -> None:
     try:
         for line in stream:
             if line.startswith("kspipe: error:"):
-                process.error = line[len("kspipe: error:"):].strip()
+                process.error = line[len("kspipe: error:") :].strip()
             if line.startswith("kspipe: error:") or "Error" in line:
                 process.failure = line.strip()
             if log is not None:
@@ -223,8 +240,7 @@ def _closed(log) -> None:
 def _exit_error(process, code: int) -> ClusterError:
     """A process's exit as the job's error, with its output's last error line."""
     failure = f" ({process.failure[:300]})" if process.failure else ""
-    return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}"
-                        f"{failure}")
+    return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}{failure}")
 
 
 def _describe_exit(code: int) -> str:
@@ -243,11 +259,10 @@ def error_line(path: str) -> str | None:
             lines = [line.strip() for line in f if line.startswith("kspipe: error:")]
     except OSError:
         return None
-    return lines[-1][len("kspipe: error:"):].strip() if lines else None
+    return lines[-1][len("kspipe: error:") :].strip() if lines else None
 
 
-def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,
-                launcher=None) -> dict:
+def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launcher=None) -> dict:
     """Start the processes of ``plan``, wait, return the job's metrics.
 
     The processes run the stages from ``<run_dir>/job.yaml``, each started as
@@ -269,8 +284,9 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,
         reporter.say(f"starting {description}; logs in {cluster.log_dir}")
         for p in plan:
             command = worker_command(run_dir)
-            cluster.start(p.role, p.index, p.env,
-                          launcher.command(p, command) if launcher else command)
+            cluster.start(
+                p.role, p.index, p.env, launcher.command(p, command) if launcher else command
+            )
         cluster.wait(cfg.cluster.timeout_s, check=link.failure if link else None)
     except BaseException as err:
         if link:
@@ -284,8 +300,10 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None,
     if link:
         link.close()
         if not hosts.is_first:
-            reporter.say(f"this host's part of the job finished; {hosts.first} (worker 0's "
-                         f"host) records the run")
+            reporter.say(
+                f"this host's part of the job finished; {hosts.first} (worker 0's "
+                f"host) records the run"
+            )
             return {}
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path):

@@ -18,21 +18,19 @@ ring 0), as Paddle's RawProgramOptimizer writes them:
 
 On CPU the ops' kernels run over gloo (:func:`kspipe.cluster.meeting.gloo_context`, worker 0
 serves the meeting point); on a GPU build over an NCCL ring that ``c_gen_nccl_id`` +
-``c_comm_init`` set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot be used on CPU:
-it fails setting up the communicator, ``c_gen_nccl_id`` / comm_id.)
+``c_comm_init`` set up, the reductions on the GPUs.  (Fleet's collective optimiser cannot
+be used on CPU: it fails setting up the communicator, ``c_gen_nccl_id`` / comm_id.)
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 from kspipe import hookimpl
 from kspipe.cluster import environment
+from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
 from kspipe.launchers.hosts import job_hosts
-from kspipe.cluster.endpoints import process_count
 from kspipe.modes.config import ModeConfig
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
@@ -68,22 +66,25 @@ def gpu_devices(cfg) -> list[int]:
     else:
         ids = [int(d) for d in wanted]
     if not compiled:
-        raise ConfigError(f"devices={wanted}: this Paddle is a CPU build, so NCCL is not "
-                          f"available; install paddlepaddle-gpu==2.6.2, or leave devices unset "
-                          f"to run the collective mode on CPU through gloo")
+        raise ConfigError(
+            f"devices={wanted}: this Paddle is a CPU build, so NCCL is not "
+            f"available; install paddlepaddle-gpu==2.6.2, or leave devices unset "
+            f"to run the collective mode on CPU through gloo"
+        )
     count = paddle.device.cuda.device_count()
     missing = [d for d in ids if d < 0 or d >= count]
     if missing:
-        raise ConfigError(f"devices={wanted}: no GPU {', '.join(map(str, missing))} here "
-                          f"({count} visible)")
+        raise ConfigError(
+            f"devices={wanted}: no GPU {', '.join(map(str, missing))} here ({count} visible)"
+        )
     return ids
 
 
 REFUSED = {
     "dataset_training": "train_from_dataset's reader threads each take their own number of "
-                        "steps, so a per-step all-reduce across workers would wait forever",
+    "steps, so a per-step all-reduce across workers would wait forever",
     "sparse_tables": "an embedding table's sparse gradient has no all-reduce here; use "
-                     "mode=pserver, which keeps such tables on the servers",
+    "mode=pserver, which keeps such tables on the servers",
 }
 
 
@@ -114,8 +115,7 @@ class CollectiveRole(Role):
         if self.nranks > 1:
             from kspipe.cluster.meeting import gloo_context
 
-            self.gloo, self.book = gloo_context(self.rank, self.nranks,
-                                                place.meeting)
+            self.gloo, self.book = gloo_context(self.rank, self.nranks, place.meeting)
 
     # who am I
     def worker_num(self):
@@ -169,8 +169,7 @@ class CollectiveRole(Role):
         and a sparse gradient (its rows only) is not one."""
         import paddle
 
-        return paddle.static.nn.embedding(ids, size=size, is_sparse=False,
-                                          param_attr=param_attr)
+        return paddle.static.nn.embedding(ids, size=size, is_sparse=False, param_attr=param_attr)
 
     def parameter_sync(self, shapes: dict) -> ParameterSync:
         return self._register(ParameterAverage(self, shapes))
@@ -195,21 +194,42 @@ class CollectiveRole(Role):
 
         program = paddle.static.Program()
         block = program.global_block()
-        nccl_id = block.create_var(name="kspipe_nccl_id", persistable=True,
-                                   type=core.VarDesc.VarType.RAW)
+        nccl_id = block.create_var(
+            name="kspipe_nccl_id", persistable=True, type=core.VarDesc.VarType.RAW
+        )
         current = self.endpoints[self.rank]
-        block.append_op(type="c_gen_nccl_id", inputs={}, outputs={"Out": nccl_id},
-                        attrs={"rank": self.rank, "endpoint": current, "ring_id": 0,
-                               "other_endpoints": [e for e in self.endpoints if e != current]})
-        block.append_op(type="c_comm_init", inputs={"X": nccl_id}, outputs={},
-                        attrs={"nranks": self.nranks, "rank": self.rank, "ring_id": 0,
-                               "endpoints": ",".join(self.endpoints)})
+        block.append_op(
+            type="c_gen_nccl_id",
+            inputs={},
+            outputs={"Out": nccl_id},
+            attrs={
+                "rank": self.rank,
+                "endpoint": current,
+                "ring_id": 0,
+                "other_endpoints": [e for e in self.endpoints if e != current],
+            },
+        )
+        block.append_op(
+            type="c_comm_init",
+            inputs={"X": nccl_id},
+            outputs={},
+            attrs={
+                "nranks": self.nranks,
+                "rank": self.rank,
+                "ring_id": 0,
+                "endpoints": ",".join(self.endpoints),
+            },
+        )
         paddle.static.Executor(self.place()).run(program, scope=paddle.static.Scope())
         self._nccl_ready = True
 
 
-def reduce_program(variables: dict, op: str = "c_allreduce_sum", scale: float | None = None,
-                   zero_unless: bool | None = None):
+def reduce_program(
+    variables: dict,
+    op: str = "c_allreduce_sum",
+    scale: float | None = None,
+    zero_unless: bool | None = None,
+):
     """A program that all-reduces persistable ``variables`` ({name: (shape, dtype)}) in place.
 
     ``scale`` multiplies the result; ``zero_unless=False`` zeroes this worker's values first
@@ -222,13 +242,22 @@ def reduce_program(variables: dict, op: str = "c_allreduce_sum", scale: float | 
     for name, (shape, dtype) in variables.items():
         var = block.create_var(name=name, shape=list(shape), dtype=dtype, persistable=True)
         if zero_unless is False:
-            block.append_op(type="scale", inputs={"X": [var]}, outputs={"Out": [var]},
-                            attrs={"scale": 0.0})
-        block.append_op(type=op, inputs={"X": [var]}, outputs={"Out": [var]},
-                        attrs={"ring_id": 0, "use_calc_stream": True})
+            block.append_op(
+                type="scale", inputs={"X": [var]}, outputs={"Out": [var]}, attrs={"scale": 0.0}
+            )
+        block.append_op(
+            type=op,
+            inputs={"X": [var]},
+            outputs={"Out": [var]},
+            attrs={"ring_id": 0, "use_calc_stream": True},
+        )
         if scale is not None:
-            block.append_op(type="scale", inputs={"X": [var]}, outputs={"Out": [var]},
-                            attrs={"scale": float(scale)})
+            block.append_op(
+                type="scale",
+                inputs={"X": [var]},
+                outputs={"Out": [var]},
+                attrs={"scale": float(scale)},
+            )
     return program
 
 
@@ -242,10 +271,10 @@ class ParameterAverage(ParameterSync):
         self.variables = {name: (list(shape), dtype) for name, shape in shapes.items()}
         self.scope = None
         alone = not role.reduces
-        self.average = None if alone else reduce_program(self.variables,
-                                                         scale=1.0 / role.nranks)
-        self.broadcast = None if alone else reduce_program(self.variables,
-                                                           zero_unless=role.rank == 0)
+        self.average = None if alone else reduce_program(self.variables, scale=1.0 / role.nranks)
+        self.broadcast = (
+            None if alone else reduce_program(self.variables, zero_unless=role.rank == 0)
+        )
 
     def connect(self, scope) -> None:
         self.scope = scope
@@ -279,10 +308,10 @@ class GradientAllReduce:
     def __init__(self, role: CollectiveRole, optimizer):
         self._role, self._inner = role, optimizer
 
-    def backward(self, loss, startup_program=None, parameter_list=None, no_grad_set=None,
-                 callbacks=None):
-        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set,
-                                    callbacks)
+    def backward(
+        self, loss, startup_program=None, parameter_list=None, no_grad_set=None, callbacks=None
+    ):
+        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set, callbacks)
 
     def apply_gradients(self, params_grads):
         role = self._role
@@ -290,11 +319,18 @@ class GradientAllReduce:
             block = params_grads[0][1].block
             with block.program._backward_role_guard():  # a for_test clone drops them
                 for _, grad in params_grads:
-                    block.append_op(type="c_allreduce_sum", inputs={"X": [grad]},
-                                    outputs={"Out": [grad]},
-                                    attrs={"ring_id": 0, "use_calc_stream": True})
-                    block.append_op(type="scale", inputs={"X": [grad]}, outputs={"Out": [grad]},
-                                    attrs={"scale": 1.0 / role.nranks})
+                    block.append_op(
+                        type="c_allreduce_sum",
+                        inputs={"X": [grad]},
+                        outputs={"Out": [grad]},
+                        attrs={"ring_id": 0, "use_calc_stream": True},
+                    )
+                    block.append_op(
+                        type="scale",
+                        inputs={"X": [grad]},
+                        outputs={"Out": [grad]},
+                        attrs={"scale": 1.0 / role.nranks},
+                    )
         role.parameter_sync({p.name: p.shape for p, _ in params_grads})  # same start
         return self._inner.apply_gradients(params_grads)
 
@@ -310,8 +346,10 @@ class CollectiveJob(ClusterJob):
 
     def __init__(self, cfg, devices: list[int], launcher):
         if devices and isinstance(cfg.workers, int) and cfg.workers != len(devices):
-            raise ConfigError(f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
-                              f"a collective job runs one worker per GPU")
+            raise ConfigError(
+                f"workers={cfg.workers} but devices names {len(devices)} GPU(s): "
+                f"a collective job runs one worker per GPU"
+            )
         launcher.check(cfg, len(devices) if devices else process_count(cfg.workers, "workers"))
         super().__init__(cfg, job_hosts("collective", cfg), launcher)
         self.devices = devices
@@ -322,8 +360,10 @@ class CollectiveJob(ClusterJob):
     def launch(self, reporter) -> dict:
         cfg = self.cfg
         workers = len(self.devices) if self.devices else cfg.workers
-        plan = self.launcher.plan("collective", cfg, workers, threads=cfg.cluster.threads,
-                                  devices=self.devices)
+        plan = self.launcher.plan(
+            "collective", cfg, workers, threads=cfg.cluster.threads, devices=self.devices
+        )
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
-        return self.launcher.run(cfg, reporter, plan,
-                                 f"{len(plan)} collective worker(s) ({where})", hosts=self.hosts)
+        return self.launcher.run(
+            cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})", hosts=self.hosts
+        )

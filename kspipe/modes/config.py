@@ -16,9 +16,9 @@ from typing import Optional
 class ModeConfig:
     """How the processes of a distributed job exchange updates, and how each runs."""
 
-    strategy: str = "async"   # sync | async | geo (half_async is refused: Paddle 2.6.2 has none)
-    k_steps: int = 1          # geo: local updates between rounds with the servers
-    wait_push: bool = False   # async: wait until the servers apply each push (>= 100 ms a step)
-    host: Optional[str] = None     # this host's address when the endpoint lists name several hosts
+    strategy: str = "async"  # sync | async | geo (half_async is refused: Paddle 2.6.2 has none)
+    k_steps: int = 1  # geo: local updates between rounds with the servers
+    wait_push: bool = False  # async: wait until the servers apply each push (>= 100 ms a step)
+    host: Optional[str] = None  # this host's address when the endpoint lists name several hosts
     threads: Optional[int] = None  # math threads per worker; default: cores / workers on this host
     timeout_s: Optional[float] = None  # stop the job if it runs longer (seconds)

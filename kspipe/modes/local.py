@@ -29,8 +29,10 @@ def kspipe_config_schemas():
 @hookimpl
 def kspipe_assign_role(cfg, launcher):
     if process_count(cfg.workers, "workers") != 1:
-        say(f"workers={cfg.workers} is ignored: mode=local runs one process (mode=pserver "
-            f"or mode=collective runs several)")
+        say(
+            f"workers={cfg.workers} is ignored: mode=local runs one process (mode=pserver "
+            f"or mode=collective runs several)"
+        )
     if cfg.get("isolate"):
         return IsolatedJob(cfg, launcher=launcher)
     return Role()
@@ -49,8 +51,12 @@ class IsolatedJob(ClusterJob):
             child.workers = 1  # the role stage said it ignores the count
         self.launcher.check(child, 1)
         try:
-            return self.launcher.run(child, reporter, self.launcher.plan("local", child, 1),
-                                     "the job in a process of its own")
+            return self.launcher.run(
+                child,
+                reporter,
+                self.launcher.plan("local", child, 1),
+                "the job in a process of its own",
+            )
         except ClusterError as err:
             message = error_line(os.path.join(reporter.run_dir, "logs", "worker.0.log"))
             if message:  # the job's own one-line error, as a run in this process gives it

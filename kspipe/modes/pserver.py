@@ -26,12 +26,12 @@ from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
-from kspipe.modes.config import ModeConfig
-from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.launchers.hosts import job_hosts
+from kspipe.modes.config import ModeConfig
 from kspipe.modes.job import ClusterJob
-from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
+from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.modes.ps.tables import FleetTables
+from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
 from kspipe.saved_tables import check_manifest
 
 
@@ -51,8 +51,14 @@ def kspipe_check_config(cfg):
 def kspipe_assign_role(cfg, launcher):
     if environment.given("pserver"):
         environment.check("pserver")
-        return PserverRole(dict(strategy=cfg.cluster.strategy, k_steps=cfg.cluster.k_steps,
-                                wait_push=cfg.cluster.wait_push), resumed_tables(cfg))
+        return PserverRole(
+            dict(
+                strategy=cfg.cluster.strategy,
+                k_steps=cfg.cluster.k_steps,
+                wait_push=cfg.cluster.wait_push,
+            ),
+            resumed_tables(cfg),
+        )
     return PserverJob(cfg, launcher)
 
 
@@ -69,9 +75,11 @@ def refusal(strategy: str, needs) -> str | None:
     """Why a parameter-server job of ``strategy`` cannot run a workload that ``needs``
     these; None if it can."""
     if "dataset_training" in needs and strategy != "async":
-        return (f"cluster.strategy={strategy}: training with train_from_dataset runs on "
-                f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
-                f"send_barrier and its geo mode sends no dense parameters)")
+        return (
+            f"cluster.strategy={strategy}: training with train_from_dataset runs on "
+            f"fleet's own async mode on Paddle 2.6.2 (its sync crashes in "
+            f"send_barrier and its geo mode sends no dense parameters)"
+        )
     return None
 
 
@@ -138,12 +146,23 @@ class PserverRole(Role):
             return self._register(FleetTables(self, optimizer, self.resumed))
         return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))
 
-    def parameter_sync(self, shapes: dict, strategy: str | None = None, k_steps: int | None = None,
-                       wait_push: bool | None = None) -> ParameterSync:
+    def parameter_sync(
+        self,
+        shapes: dict,
+        strategy: str | None = None,
+        k_steps: int | None = None,
+        wait_push: bool | None = None,
+    ) -> ParameterSync:
         c = self.cluster
-        return self._register(StrategyExchange(
-            self, shapes, strategy or c["strategy"], k_steps or c.get("k_steps", 1),
-            c.get("wait_push", False) if wait_push is None else wait_push))
+        return self._register(
+            StrategyExchange(
+                self,
+                shapes,
+                strategy or c["strategy"],
+                k_steps or c.get("k_steps", 1),
+                c.get("wait_push", False) if wait_push is None else wait_push,
+            )
+        )
 
     def embedding(self, ids, size, param_attr, feeding: str = "executor"):
         """A table on the servers.  Fed by ``exe.run`` (``feeding="executor"``): a dense
@@ -173,8 +192,9 @@ class PserverJob(ClusterJob):
     mode = "pserver"
 
     def __init__(self, cfg, launcher):
-        launcher.check(cfg, process_count(cfg.workers, "workers")
-                       + process_count(cfg.servers, "servers"))
+        launcher.check(
+            cfg, process_count(cfg.workers, "workers") + process_count(cfg.servers, "servers")
+        )
         super().__init__(cfg, job_hosts("pserver", cfg), launcher)
 
     def refuses(self, needs, cfg) -> str | None:
@@ -185,11 +205,17 @@ class PserverJob(ClusterJob):
         saved = resumed_tables(cfg)
         if saved:  # the servers' tables it would load: checked before any starts
             check_manifest(saved, process_count(cfg.servers, "servers"))
-        plan = self.launcher.plan("pserver", cfg, cfg.workers, cfg.servers,
-                                  threads=cfg.cluster.threads)
+        plan = self.launcher.plan(
+            "pserver", cfg, cfg.workers, cfg.servers, threads=cfg.cluster.threads
+        )
         servers = sum(1 for p in plan if p.role == "server")
         workers = len(plan) - servers
         if not servers and not workers:
             raise ConfigError("nothing to start on this host")
-        return self.launcher.run(cfg, reporter, plan, f"{servers} server(s) and {workers} "
-                                 f"worker(s) ({cfg.cluster.strategy})", hosts=self.hosts)
+        return self.launcher.run(
+            cfg,
+            reporter,
+            plan,
+            f"{servers} server(s) and {workers} worker(s) ({cfg.cluster.strategy})",
+            hosts=self.hosts,
+        )

@@ -42,13 +42,15 @@ def plot_comparison(rows: list[dict], workloads: list, path: str) -> str | None:
     labels = [r["job"] + (f" [{w.name}]" if several else "") for r, w in done]
     scores = [r[w.headline] for r, w in done]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.6 * len(done) + 2))
-    left.barh(labels, scores, color="tab:blue",
-              xerr=[r.get(w.headline + "_ci95") or 0 for r, w in done])
+    left.barh(
+        labels, scores, color="tab:blue", xerr=[r.get(w.headline + "_ci95") or 0 for r, w in done]
+    )
     left.set_xlabel(" / ".join(label(m) for m in dict.fromkeys(w.headline for _, w in done)))
     if all(0 <= s <= 1 for s in scores):  # accuracies, AUCs: the whole scale
         left.set_xlim(0, 1)
-    right.barh(labels, [(r.get(w.rate) if w.rate else None) or 0 for r, w in done],
-               color="tab:orange")
+    right.barh(
+        labels, [(r.get(w.rate) if w.rate else None) or 0 for r, w in done], color="tab:orange"
+    )
     right.set_xlabel(" / ".join(label(m) for m in dict.fromkeys(w.rate for _, w in done if w.rate)))
     right.set_yticklabels([])
     return save(fig, path)

@@ -19,7 +19,9 @@ class ProgressLine:
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.interactive = self.stream.isatty()
-        self.every = 0.2 if self.interactive else float(os.environ.get("KSPIPE_PROGRESS_SECONDS", 10))
+        self.every = (
+            0.2 if self.interactive else float(os.environ.get("KSPIPE_PROGRESS_SECONDS", 10))
+        )
         self.task = None
         self.started = 0.0
         self.first_step = 0
@@ -63,4 +65,3 @@ def _duration(seconds: float) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
-

@@ -30,8 +30,8 @@ from hydra.experimental.callback import Callback
 from kspipe.contracts import Workload
 from kspipe.errors import print_error
 from kspipe.observers.mlflow import sweep_runs
-from kspipe.observers.plots import plot_comparison
 from kspipe.observers.mlflow.tags import workload_tags
+from kspipe.observers.plots import plot_comparison
 
 
 def parse_overrides(overrides) -> list | None:
@@ -49,14 +49,20 @@ def parse_overrides(overrides) -> list | None:
 def swept_keys(overrides) -> list[str]:
     """Keys of the overrides that sweep (``workers=1,2``, ``range(...)``, ``interval(...)``
     ...), without Hydra's own (``hydra.*``)."""
-    return [override.get_key_element().lstrip("+~") for override in parse_overrides(overrides) or ()
-            if override.is_sweep_override() and not override.is_hydra_override()]
+    return [
+        override.get_key_element().lstrip("+~")
+        for override in parse_overrides(overrides) or ()
+        if override.is_sweep_override() and not override.is_hydra_override()
+    ]
 
 
 def job_label(overrides, swept: list[str]) -> str | None:
     """A sweep job's name from its overrides and the keys ``swept``: ``mode=pserver,workers=2``."""
-    chosen = [override.input_line.lstrip("+~") for override in parse_overrides(overrides) or ()
-              if override.get_key_element().lstrip("+~") in swept]
+    chosen = [
+        override.input_line.lstrip("+~")
+        for override in parse_overrides(overrides) or ()
+        if override.get_key_element().lstrip("+~") in swept
+    ]
     return ",".join(chosen) or None
 
 
@@ -96,14 +102,17 @@ class SweepCallback(Callback):
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
         overrides = " ".join(config.hydra.overrides.task)
         self.parent_id = sweep_runs.start_parent_run(
-            config, f"sweep {overrides}",
-            {"kspipe.sweep": "parent", "kspipe.overrides": overrides, "kspipe.sweep_params": sweep})
+            config,
+            f"sweep {overrides}",
+            {"kspipe.sweep": "parent", "kspipe.overrides": overrides, "kspipe.sweep_params": sweep},
+        )
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         from hydra.core.utils import JobStatus
 
-        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value,
-                                                                   JobFailed):
+        if job_return.status == JobStatus.COMPLETED and isinstance(
+            job_return.return_value, JobFailed
+        ):
             self.failed.append(job_return.return_value.reason)
 
     def on_multirun_end(self, config, **kwargs) -> None:
@@ -117,8 +126,9 @@ class SweepCallback(Callback):
             if self.failed:
                 # Hydra hands nothing back to the command that started it: the sweep's end is
                 # where the command learns that jobs failed, so it exits here
-                print_error(f"{len(self.failed)} job(s) of the sweep failed: "
-                            f"{'; '.join(self.failed)}")
+                print_error(
+                    f"{len(self.failed)} job(s) of the sweep failed: {'; '.join(self.failed)}"
+                )
                 sys.exit(1)
 
     def finish(self, config) -> None:
@@ -132,19 +142,27 @@ class SweepCallback(Callback):
             os.makedirs(folder, exist_ok=True)
             columns = comparison_columns(jobs, workloads)
             rows = [comparison_row(job, self.swept, w, columns) for job, w in zip(jobs, workloads)]
-            outputs = [write_table(rows, columns, os.path.join(folder, "comparison.csv")),
-                       plot_comparison(rows, workloads, os.path.join(folder, "comparison.png"))]
+            outputs = [
+                write_table(rows, columns, os.path.join(folder, "comparison.csv")),
+                plot_comparison(rows, workloads, os.path.join(folder, "comparison.png")),
+            ]
             if workloads:  # the first job's workload; the names of all the sweep ran
-                tags = {**workload_tags(workloads[0]),
-                        "kspipe.workload": ",".join(unique(w.name for w in workloads))}
+                tags = {
+                    **workload_tags(workloads[0]),
+                    "kspipe.workload": ",".join(unique(w.name for w in workloads)),
+                }
             tags.update(best_job(rows, workloads))
             counted = {failure.partition(":")[0] for failure in self.failed}
-            self.failed += [f"{r['job']}: its run ended {r['status']}" for r in rows
-                            if r["status"] != "FINISHED" and str(r["job"]) not in counted]
+            self.failed += [
+                f"{r['job']}: its run ended {r['status']}"
+                for r in rows
+                if r["status"] != "FINISHED" and str(r["job"]) not in counted
+            ]
             status = "FAILED" if self.failed else "FINISHED"
         finally:
-            sweep_runs.finish_parent_run(config, self.parent_id, status,
-                                         [path for path in outputs if path], tags)
+            sweep_runs.finish_parent_run(
+                config, self.parent_id, status, [path for path in outputs if path], tags
+            )
 
     def submitted_jobs(self) -> list[str]:
         """The Slurm jobs in the folder where submitit's Slurm launcher keeps its jobs' files
@@ -158,8 +176,11 @@ class SweepCallback(Callback):
         folder = JobPaths.get_first_id_independent_folder(str(launcher.submitit_folder))
         if not os.path.isdir(folder):
             return []
-        return [entry.name.partition("_")[0] for entry in os.scandir(folder)
-                if entry.is_dir() and entry.name.partition("_")[0].isdigit()]
+        return [
+            entry.name.partition("_")[0]
+            for entry in os.scandir(folder)
+            if entry.is_dir() and entry.name.partition("_")[0].isdigit()
+        ]
 
     def cancel_jobs(self) -> list[str]:
         """Cancel this sweep's Slurm jobs still queued or running (``scancel``: Slurm sends a
@@ -168,11 +189,14 @@ class SweepCallback(Callback):
         ours = set(self.submitted_jobs()) - self.earlier_jobs
         if not ours or not shutil.which("squeue"):
             return []
-        queue = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True,
-                               timeout=60)
+        queue = subprocess.run(
+            ["squeue", "-h", "-o", "%F"], capture_output=True, text=True, timeout=60
+        )
         jobs = sorted(ours & set(queue.stdout.split()), key=int)
-        if not jobs or subprocess.run(["scancel", *jobs], capture_output=True,
-                                      timeout=60).returncode:
+        if (
+            not jobs
+            or subprocess.run(["scancel", *jobs], capture_output=True, timeout=60).returncode
+        ):
             return []
         return jobs
 
@@ -199,8 +223,10 @@ def cut_short(status: str) -> str:
         ended = sweep_runs.end_unfinished_parent(status)
     said = f"; the sweep's parent run is recorded as {status}" if ended else ""
     if cancelled:
-        said += (f"; its Slurm jobs still queued or running ({', '.join(cancelled)}) are "
-                 f"cancelled (a running one stops at its next safe point)")
+        said += (
+            f"; its Slurm jobs still queued or running ({', '.join(cancelled)}) are "
+            f"cancelled (a running one stops at its next safe point)"
+        )
     return said
 
 
@@ -209,8 +235,11 @@ def best_job(rows: list[dict], workloads: list[Workload]) -> dict:
     ``kspipe.best_job`` and ``kspipe.best_run`` (said on screen too); none if none finished."""
     from kspipe.reporting import say
 
-    done = [(row[w.headline], row) for row, w in zip(rows, workloads)
-            if row["status"] == "FINISHED" and row.get(w.headline) is not None]
+    done = [
+        (row[w.headline], row)
+        for row, w in zip(rows, workloads)
+        if row["status"] == "FINISHED" and row.get(w.headline) is not None
+    ]
     if not done:
         return {}
     value, row = max(done, key=lambda pair: pair[0])
@@ -231,8 +260,12 @@ def comparison_columns(jobs: list, workloads: list[Workload]) -> list[str]:
     columns = []
     for workload in unique(workloads):
         ci = workload.headline + "_ci95"
-        columns += [workload.headline, ci if ci in reported else "", *workload.shown(),
-                    workload.rate]
+        columns += [
+            workload.headline,
+            ci if ci in reported else "",
+            *workload.shown(),
+            workload.rate,
+        ]
     return [name for name in unique(columns) if name]
 
 

@@ -22,18 +22,44 @@ change it made to the parameters.
 """
 
 from kspipe.fewshot.data import Open_KS_Character, Open_KS_ImageNet, Open_KS_read
-from kspipe.openks.algorithms import (BaseDistributedAlgorithm, CPUDistributedAlgorithm,
-                                      GPUDistributedAlgorithm, KSDistributedFactory,
-                                      PaddleCloudRoleMaker, RoleMakerBase)
+from kspipe.openks.algorithms import (
+    BaseDistributedAlgorithm,
+    CPUDistributedAlgorithm,
+    GPUDistributedAlgorithm,
+    KSDistributedFactory,
+    PaddleCloudRoleMaker,
+    RoleMakerBase,
+)
 from kspipe.openks.feeding import DataFeeder, split_feed
-from kspipe.openks.optimizers import (AsyncStrategy, BaseDistributedOptimizer, CollectiveStrategy,
-                                      GeneralDistributedOptimizer, GeoStrategy, HalfAsyncStrategy,
-                                      HeterogeneousDistributedOptimizer, SyncStrategy)
+from kspipe.openks.optimizers import (
+    AsyncStrategy,
+    BaseDistributedOptimizer,
+    CollectiveStrategy,
+    GeneralDistributedOptimizer,
+    GeoStrategy,
+    HalfAsyncStrategy,
+    HeterogeneousDistributedOptimizer,
+    SyncStrategy,
+)
 
 __all__ = [
-    "RoleMakerBase", "PaddleCloudRoleMaker", "KSDistributedFactory", "BaseDistributedAlgorithm",
-    "CPUDistributedAlgorithm", "GPUDistributedAlgorithm", "BaseDistributedOptimizer",
-    "GeneralDistributedOptimizer", "HeterogeneousDistributedOptimizer", "SyncStrategy",
-    "AsyncStrategy", "HalfAsyncStrategy", "GeoStrategy", "CollectiveStrategy",
-    "Open_KS_ImageNet", "Open_KS_Character", "Open_KS_read", "DataFeeder", "split_feed",
+    "RoleMakerBase",
+    "PaddleCloudRoleMaker",
+    "KSDistributedFactory",
+    "BaseDistributedAlgorithm",
+    "CPUDistributedAlgorithm",
+    "GPUDistributedAlgorithm",
+    "BaseDistributedOptimizer",
+    "GeneralDistributedOptimizer",
+    "HeterogeneousDistributedOptimizer",
+    "SyncStrategy",
+    "AsyncStrategy",
+    "HalfAsyncStrategy",
+    "GeoStrategy",
+    "CollectiveStrategy",
+    "Open_KS_ImageNet",
+    "Open_KS_Character",
+    "Open_KS_read",
+    "DataFeeder",
+    "split_feed",
 ]

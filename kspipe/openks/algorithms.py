@@ -19,9 +19,12 @@ import numpy as np
 from kspipe.errors import ConfigError
 from kspipe.incremental import PERSISTABLES  # save_persistables' files: persistables.pd*
 from kspipe.modes.role import Role, write_vars
-from kspipe.openks.optimizers import (AsyncStrategy, CollectiveStrategy,
-                                      GeneralDistributedOptimizer,
-                                      HeterogeneousDistributedOptimizer)
+from kspipe.openks.optimizers import (
+    AsyncStrategy,
+    CollectiveStrategy,
+    GeneralDistributedOptimizer,
+    HeterogeneousDistributedOptimizer,
+)
 
 
 class RoleMakerBase(Role):
@@ -31,9 +34,11 @@ class RoleMakerBase(Role):
     def to_string(self) -> str:
         kind = "server" if self.is_server() else "worker"
         index = self.server_index() if self.is_server() else self.worker_index()
-        return (f"role={kind} index={index} worker_num={self.worker_num()} "
-                f"trainer_endpoints={self.get_trainer_endpoints()} "
-                f"pserver_endpoints={self.get_pserver_endpoints()}")
+        return (
+            f"role={kind} index={index} worker_num={self.worker_num()} "
+            f"trainer_endpoints={self.get_trainer_endpoints()} "
+            f"pserver_endpoints={self.get_pserver_endpoints()}"
+        )
 
     def barrier_all(self) -> None:
         """Wait for every process of the job that can wait: the workers (a server sits in
@@ -170,8 +175,15 @@ class BaseDistributedAlgorithm:
         if self._optimizer is not None:
             self._optimizer.refresh_parameters(paddle.static.global_scope())
 
-    def save_inference_model(self, executor, dirname, feeded_var_names, target_vars,
-                             main_program=None, export_for_deployment=True):
+    def save_inference_model(
+        self,
+        executor,
+        dirname,
+        feeded_var_names,
+        target_vars,
+        main_program=None,
+        export_for_deployment=True,
+    ):
         import paddle
 
         self._refresh_parameters()
@@ -180,24 +192,28 @@ class BaseDistributedAlgorithm:
         feeds = [program.global_block().var(n) if isinstance(n, str) else n for n in names]
         targets = target_vars if isinstance(target_vars, (list, tuple)) else [target_vars]
         os.makedirs(dirname, exist_ok=True)
-        paddle.static.save_inference_model(os.path.join(dirname, "model"), feeds, list(targets),
-                                           executor, program=program)
+        paddle.static.save_inference_model(
+            os.path.join(dirname, "model"), feeds, list(targets), executor, program=program
+        )
 
     def save_persistables(self, executor, dirname, main_program=None):
         import paddle
 
         self._refresh_parameters()
         os.makedirs(dirname, exist_ok=True)
-        paddle.static.save(main_program or paddle.static.default_main_program(),
-                           os.path.join(dirname, PERSISTABLES))
+        paddle.static.save(
+            main_program or paddle.static.default_main_program(),
+            os.path.join(dirname, PERSISTABLES),
+        )
 
 
 class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
     """Parameter servers (the seed's transpiler path), on fleet's the_one_ps."""
 
     def distributed_optimizer(self, optimizer, strategy=None) -> GeneralDistributedOptimizer:
-        self._optimizer = GeneralDistributedOptimizer(optimizer, strategy or AsyncStrategy(),
-                                                      algorithm=self)
+        self._optimizer = GeneralDistributedOptimizer(
+            optimizer, strategy or AsyncStrategy(), algorithm=self
+        )
         return self._optimizer
 
     def init_server(self, model_dir: str | None = None) -> None:
@@ -211,13 +227,17 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
         from kspipe.incremental import state_prefix
 
         if self._optimizer is None or self._optimizer._distributed is None:
-            raise RuntimeError("call distributed_optimizer(...).minimize(loss) first, "
-                               "in a process the launcher started as a server")
+            raise RuntimeError(
+                "call distributed_optimizer(...).minimize(loss) first, "
+                "in a process the launcher started as a server"
+            )
         if model_dir and not hands_over():
             needs = " ".join(f"{key}={value}" for key, value in HAND_OVER_ENV.items())
-            raise ConfigError(f"init_server(model_dir) hands the saved model to the workers, "
-                              f"which needs {needs} in every process (kspipe-launch --mode "
-                              f"cpu sets them)")
+            raise ConfigError(
+                f"init_server(model_dir) hands the saved model to the workers, "
+                f"which needs {needs} in every process (kspipe-launch --mode "
+                f"cpu sets them)"
+            )
         program = self._optimizer.program
         state = None
         if model_dir and self.role.server_index() == 0:
@@ -257,7 +277,8 @@ class GPUDistributedAlgorithm(BaseDistributedAlgorithm):
 
     def distributed_optimizer(self, optimizer, strategy=None) -> HeterogeneousDistributedOptimizer:
         self._optimizer = HeterogeneousDistributedOptimizer(
-            optimizer, strategy or CollectiveStrategy(), algorithm=self)
+            optimizer, strategy or CollectiveStrategy(), algorithm=self
+        )
         return self._optimizer
 
 
@@ -294,8 +315,7 @@ def hand_over(program, state: dict | None = None) -> dict | None:
         return None
     variables = persistables(program)
     if state is not None:
-        flat = np.concatenate([np.ravel(state[var.name]).astype(np.float64)
-                               for var in variables])
+        flat = np.concatenate([np.ravel(state[var.name]).astype(np.float64) for var in variables])
     else:
         flat = np.zeros(sum(int(np.prod(var.shape)) for var in variables))
     flat, handed = all_reduce(flat), {}

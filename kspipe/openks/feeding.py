@@ -22,19 +22,25 @@ def split_feed(feed, num_devices: int) -> list[dict]:
         raise DataError(f"num_devices={num_devices} must be at least 1")
     if isinstance(feed, (list, tuple)):
         if len(feed) != num_devices:
-            raise DataError(f"a list feed needs one dict per device: got {len(feed)} dicts "
-                            f"for {num_devices} devices")
+            raise DataError(
+                f"a list feed needs one dict per device: got {len(feed)} dicts "
+                f"for {num_devices} devices"
+            )
         return [dict(f) for f in feed]
     sizes = {name: len(value) for name, value in feed.items()}
     if len(set(sizes.values())) > 1:
         raise DataError(f"the variables of a feed have different batch sizes: {sizes}")
     batch = next(iter(sizes.values()), 0)
     if batch < num_devices:
-        raise DataError(f"a batch of {batch} samples cannot be split across {num_devices} "
-                        f"devices: feed at least one sample per device")
+        raise DataError(
+            f"a batch of {batch} samples cannot be split across {num_devices} "
+            f"devices: feed at least one sample per device"
+        )
     bounds = np.linspace(0, batch, num_devices + 1).astype(int)
-    return [{name: np.asarray(value)[bounds[i]:bounds[i + 1]] for name, value in feed.items()}
-            for i in range(num_devices)]
+    return [
+        {name: np.asarray(value)[bounds[i] : bounds[i + 1]] for name, value in feed.items()}
+        for i in range(num_devices)
+    ]
 
 
 class DataFeeder:
@@ -65,12 +71,19 @@ class DataFeeder:
         batches = list(iterable)
         num_places = num_places or self.num_devices
         if len(batches) != num_places:
-            raise DataError(f"feed_parallel needs one mini-batch per device: got "
-                            f"{len(batches)} for {num_places} devices")
+            raise DataError(
+                f"feed_parallel needs one mini-batch per device: got "
+                f"{len(batches)} for {num_places} devices"
+            )
         return [self.feed(batch) for batch in batches]
 
-    def decorate_reader(self, reader: Callable[[], Iterator], multi_devices: bool,
-                        num_places: int | None = None, drop_last: bool = True):
+    def decorate_reader(
+        self,
+        reader: Callable[[], Iterator],
+        multi_devices: bool,
+        num_places: int | None = None,
+        drop_last: bool = True,
+    ):
         """A reader of feed dicts (``multi_devices``: lists of one dict per device).
 
         ``reader`` yields mini-batches.  With several devices they are grouped, one per
@@ -90,13 +103,23 @@ class DataFeeder:
                     yield self.feed_parallel(group, num_places)
                     group = []
             if group and not drop_last:
-                raise DataError(f"the last {len(group)} mini-batch(es) cannot fill "
-                                f"{num_places} devices; set drop_last=True to drop them")
+                raise DataError(
+                    f"the last {len(group)} mini-batch(es) cannot fill "
+                    f"{num_places} devices; set drop_last=True to drop them"
+                )
 
         return decorated
 
 
 def _numpy_dtype(dtype) -> str | None:
     text = str(dtype).lower().replace("paddle.", "").replace("vartype.", "")
-    return {"fp32": "float32", "float32": "float32", "fp64": "float64", "float64": "float64",
-            "int64": "int64", "int32": "int32", "uint8": "uint8", "bool": "bool"}.get(text)
+    return {
+        "fp32": "float32",
+        "float32": "float32",
+        "fp64": "float64",
+        "float64": "float64",
+        "int64": "int64",
+        "int32": "int32",
+        "uint8": "uint8",
+        "bool": "bool",
+    }.get(text)

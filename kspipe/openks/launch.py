@@ -19,9 +19,9 @@ import os
 import sys
 import time
 
+from kspipe.cluster.plan import launch_plan
 from kspipe.errors import KspipeError, check_integer, print_error
 from kspipe.launchers.watcher import Cluster
-from kspipe.cluster.plan import launch_plan
 from kspipe.openks.algorithms import HAND_OVER_ENV
 
 
@@ -48,13 +48,17 @@ def launch(args) -> None:
 
     if not os.path.isfile(args.script):
         raise ConfigError(f"no script {args.script}")
-    log_dir = os.path.abspath(args.log_dir or os.path.join(
-        "kspipe-launch-logs", time.strftime("%Y-%m-%d_%H-%M-%S")))
+    log_dir = os.path.abspath(
+        args.log_dir or os.path.join("kspipe-launch-logs", time.strftime("%Y-%m-%d_%H-%M-%S"))
+    )
     os.makedirs(log_dir, exist_ok=True)
     command = [sys.executable, "-u", os.path.abspath(args.script), *args.script_args]
     kind = "pserver" if args.mode == "cpu" else "collective"
-    plan = launch_plan(kind, check_integer(args.worker_num, "--worker_num"),
-                       check_integer(args.server_num, "--server_num") if kind == "pserver" else None)
+    plan = launch_plan(
+        kind,
+        check_integer(args.worker_num, "--worker_num"),
+        check_integer(args.server_num, "--server_num") if kind == "pserver" else None,
+    )
     cluster = Cluster(log_dir, log_dir=log_dir)
     cluster.echo_first_worker = "all"
     try:

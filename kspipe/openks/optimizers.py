@@ -72,10 +72,10 @@ class BaseDistributedOptimizer:
         self._algorithm = algorithm
         self._distributed = None  # the role's wrapper of ``optimizer``
 
-    def backward(self, loss, startup_program=None, parameter_list=None, no_grad_set=None,
-                 callbacks=None):
-        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set,
-                                    callbacks)
+    def backward(
+        self, loss, startup_program=None, parameter_list=None, no_grad_set=None, callbacks=None
+    ):
+        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set, callbacks)
 
     def apply_gradients(self, params_grads):
         return (self._distributed or self._inner).apply_gradients(params_grads)
@@ -112,7 +112,8 @@ class GeneralDistributedOptimizer(BaseDistributedOptimizer):
         self.program = params_grads[0][0].block.program
         role = self._algorithm._mode_role()
         self._distributed = role.distributed_optimizer(
-            self._inner, {"strategy": self.mode, "k_steps": getattr(self._strategy, "k_steps", 1)})
+            self._inner, {"strategy": self.mode, "k_steps": getattr(self._strategy, "k_steps", 1)}
+        )
         return self._distributed.apply_gradients(params_grads)
 
     def refresh_parameters(self, scope) -> None:
@@ -157,8 +158,10 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
             self._transpile(None, params_grads[0][1].block.program)
             return self._distributed.apply_gradients(params_grads)
         if strategy.mode != "local_sgd":
-            raise ConfigError(f"CollectiveStrategy.mode must be gradient_allreduce or local_sgd, "
-                              f"not {strategy.mode!r}")
+            raise ConfigError(
+                f"CollectiveStrategy.mode must be gradient_allreduce or local_sgd, "
+                f"not {strategy.mode!r}"
+            )
         return self._local_sgd(params_grads)
 
     def settle_parameters(self) -> None:
@@ -170,8 +173,9 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
         import paddle
 
         result = super().minimize(loss, startup_program, parameter_list, no_grad_set)
-        self._try_to_compile(startup_program or paddle.static.default_startup_program(),
-                             loss.block.program)
+        self._try_to_compile(
+            startup_program or paddle.static.default_startup_program(), loss.block.program
+        )
         return result
 
     def _transpile(self, startup_program, main_program):
@@ -189,8 +193,10 @@ class HeterogeneousDistributedOptimizer(BaseDistributedOptimizer):
         build = paddle.static.BuildStrategy()
         for name, value in (getattr(self._strategy, "build_strategy", None) or {}).items():
             if not hasattr(build, name):
-                raise ConfigError(f"CollectiveStrategy.build_strategy: Paddle's BuildStrategy "
-                                  f"has no option {name!r}")
+                raise ConfigError(
+                    f"CollectiveStrategy.build_strategy: Paddle's BuildStrategy "
+                    f"has no option {name!r}"
+                )
             setattr(build, name, value)
         self.compiled_program = paddle.static.CompiledProgram(main_program, build_strategy=build)
 

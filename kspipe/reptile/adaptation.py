@@ -102,11 +102,13 @@ class Adapter:
 
     # --- inner loops ----------------------------------------------------------------
 
-    def adapt(self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int,
-              rng: np.random.Generator) -> float:
+    def adapt(
+        self, x: np.ndarray, y: np.ndarray, batch: int, iterations: int, rng: np.random.Generator
+    ) -> float:
         """Inner loop: ``iterations`` steps on batches of (x, y); returns the last loss."""
-        return self.steps(x, y, inner_batches(len(x), batch, iterations, rng,
-                                              self.cfg.train.replacement))
+        return self.steps(
+            x, y, inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
+        )
 
     def steps(self, x: np.ndarray, y: np.ndarray, batches: list, foml: bool = False) -> float:
         """One inner step per batch of indices (weight decay first, if any); returns the last
@@ -125,23 +127,28 @@ class Adapter:
                 loss = float(np.asarray(out[0]).mean())
         return loss
 
-    def adapt_together(self, together, tasks: list, batch: int, iterations: int,
-                       lane=None) -> float:
+    def adapt_together(
+        self, together, tasks: list, batch: int, iterations: int, lane=None
+    ) -> float:
         """The inner loops of ``tasks`` ((x, y, rng) each, as many as ``together`` holds)
         side by side, each from the model's current state, as :meth:`adapt` starts each
         one; the slots (of ``lane``, by default this model's own) then hold the adapted
         copies.  Returns the mean last loss."""
         lane = lane or self.lane
         run = lane.run
-        batches = [inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
-                   for x, _, rng in tasks]
+        batches = [
+            inner_batches(len(x), batch, iterations, rng, self.cfg.train.replacement)
+            for x, _, rng in tasks
+        ]
         run(together.spread)
         loss = float("nan")
         for k in range(iterations):
             if together.decay is not None:
                 run(together.decay)
-            feed = together.stack([x[b[k]] for (x, _, _), b in zip(tasks, batches)],
-                                  [y[b[k]] for (_, y, _), b in zip(tasks, batches)])
+            feed = together.stack(
+                [x[b[k]] for (x, _, _), b in zip(tasks, batches)],
+                [y[b[k]] for (_, y, _), b in zip(tasks, batches)],
+            )
             fetch = [together.loss] if k == iterations - 1 else []
             out = run(together.train_program(lane.scope), feed, fetch)
             if fetch:
@@ -168,5 +175,4 @@ class Adapter:
         """The logits :meth:`classify` decides by."""
         if self.cfg.eval.transductive:
             return self.predict(query_x)
-        return np.stack([self.predict(np.concatenate([support_x, q[None]]))[-1]
-                         for q in query_x])
+        return np.stack([self.predict(np.concatenate([support_x, q[None]]))[-1] for q in query_x])

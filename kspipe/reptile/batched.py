@@ -27,7 +27,6 @@ every lane's sums what ``gather`` makes of one lane holding every task.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 
 from kspipe.reptile.programs import ACC
@@ -59,6 +58,7 @@ class BatchedPrograms:
         when first asked for (~0.2 s): evaluation never gathers, nor do the lanes that
         share a meta-batch (:func:`lane_gather`)."""
         if self._gather is None:
+
             def body(get):
                 _gather(get, self.pairs, self.params, self.tasks)
 
@@ -87,57 +87,6 @@ class BatchedPrograms:
         return feed
 
 
-def tasks_together(cfg) -> tuple[int, int]:
-    """How many tasks adapt side by side (1: one at a time): in meta-training, the
-    meta-batch with ``train.batch_tasks`` under Reptile (FOML's last-step change stays on
-    the per-task path); in evaluation, ``eval.batch_tasks`` test tasks, but no more than
-    an evaluation has, when transductive (a lone query's batch stays on the per-task path).
-    """
-    batch_train = cfg.train.batch_tasks and cfg.train.algorithm == "reptile"
-    train = cfg.train.meta_batch if batch_train else 1
-    most = max(cfg.eval.tasks, cfg.eval.train_tasks, cfg.eval.interval_tasks)
-    evaluation = min(cfg.eval.batch_tasks, most) if cfg.eval.transductive else 1
-    return train, evaluation
-
-
-#: The cores a process of a cluster may use, set by its launcher (Paddle sets OMP_NUM_THREADS
-#: to 1 in every process that imports it, so that cannot tell).
-THREADS_ENV = "KSPIPE_THREADS"
-
-
-def thread_count(setting: int) -> int:
-    """``train.threads`` / ``eval.threads``, or with 0 the cores this process is meant to
-    use: its share where a cluster's launcher divided the cores among its workers, else
-    every core it may run on."""
-    if setting:
-        return setting
-    try:
-        return max(1, int(os.environ.get(THREADS_ENV, "")))
-    except ValueError:
-        return max(1, len(os.sched_getaffinity(0)))
-
-
-def train_lanes(cfg) -> list[int]:
-    """The meta-batch's share of each thread that adapts it (``train.threads``), at least
-    two tasks each; [] when it adapts in one thread."""
-    train, _ = tasks_together(cfg)
-    lanes = min(thread_count(cfg.train.threads), train // 2)
-    if lanes <= 1:
-        return []
-    return [train // lanes + (1 if i < train % lanes else 0) for i in range(lanes)]
-
-
-def train_sizes(cfg) -> list[int]:
-    """The task counts meta-training adapts side by side: each lane's share, or the whole
-    meta-batch (1: one task at a time)."""
-    return train_lanes(cfg) or [tasks_together(cfg)[0]]
-
-
-def program_sizes(cfg) -> set[int]:
-    """The task counts to build side-by-side programs for."""
-    return (set(train_sizes(cfg)) | {tasks_together(cfg)[1]}) - {1}
-
-
 def use_onednn_relu(*programs) -> None:
     """ReLU on oneDNN's kernels too: after oneDNN's grouped convolutions, Paddle's own ReLU
     kernels cost a fifth of a side-by-side step (BENCHMARKS.md); the same numbers."""
@@ -147,21 +96,38 @@ def use_onednn_relu(*programs) -> None:
                 op._set_attr("use_mkldnn", True)
 
 
-def build_batched_programs(programs, tasks: int, image_shape, ways: int, model,
-                           inner_lr: float, inner_optimizer: str = "adam",
-                           weight_decay: float = 1.0) -> BatchedPrograms:
+def build_batched_programs(
+    programs,
+    tasks: int,
+    image_shape,
+    ways: int,
+    model,
+    inner_lr: float,
+    inner_optimizer: str = "adam",
+    weight_decay: float = 1.0,
+) -> BatchedPrograms:
     """The programs that adapt ``tasks`` copies of ``programs``' model together; the
     other arguments are those :func:`~kspipe.reptile.programs.build_programs` took."""
     import paddle
 
     prefix = f"tasks{tasks}."
     with paddle.utils.unique_name.guard(prefix):
-        return _build(programs, tasks, prefix, image_shape, ways, model, inner_lr,
-                      inner_optimizer, weight_decay)
+        return _build(
+            programs,
+            tasks,
+            prefix,
+            image_shape,
+            ways,
+            model,
+            inner_lr,
+            inner_optimizer,
+            weight_decay,
+        )
 
 
-def _build(programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_optimizer,
-           weight_decay) -> BatchedPrograms:
+def _build(
+    programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_optimizer, weight_decay
+) -> BatchedPrograms:
     import paddle
     import paddle.nn.functional as F
 
@@ -178,24 +144,36 @@ def _build(programs, tasks, prefix, image_shape, ways, model, inner_lr, inner_op
         if inner_optimizer == "sgd":
             optimizer = paddle.optimizer.SGD(learning_rate=inner_lr)
         else:
-            optimizer = paddle.optimizer.Adam(learning_rate=inner_lr, beta1=0.0, beta2=0.999,
-                                              epsilon=1e-8, use_multi_tensor=True)
+            optimizer = paddle.optimizer.Adam(
+                learning_rate=inner_lr, beta1=0.0, beta2=0.999, epsilon=1e-8, use_multi_tensor=True
+            )
         optimizer.minimize(loss)
 
     model_vars = {v.name: v for v in programs.train.list_vars() if v.persistable}
-    slots = {v.name: v for v in train.list_vars() if v.persistable
-             and v.name.startswith(prefix)}
+    slots = {v.name: v for v in train.list_vars() if v.persistable and v.name.startswith(prefix)}
     pairs = [(model_vars[_unprefixed(name, prefix)], slot) for name, slot in sorted(slots.items())]
     params = [(m, s) for m, s in pairs if m.name in programs.params]
     decay = None
     if weight_decay != 1:
-        decay = _program(lambda get: [paddle.assign(paddle.scale(get(s), weight_decay), get(s))
-                                      for _, s in params])
+        decay = _program(
+            lambda get: [
+                paddle.assign(paddle.scale(get(s), weight_decay), get(s)) for _, s in params
+            ]
+        )
     return BatchedPrograms(
-        tasks=tasks, startup=startup, train=train, forward=forward,
+        tasks=tasks,
+        startup=startup,
+        train=train,
+        forward=forward,
         spread=_program(lambda get: _spread(get, pairs, tasks)),
-        decay=decay, x=x, y=y, loss=loss, logits=logits, pairs=pairs,
-        params=tuple(programs.params))
+        decay=decay,
+        x=x,
+        y=y,
+        loss=loss,
+        logits=logits,
+        pairs=pairs,
+        params=tuple(programs.params),
+    )
 
 
 def _grouped_network(x, tasks: int, prefix: str, ways: int, model):
@@ -206,24 +184,37 @@ def _grouped_network(x, tasks: int, prefix: str, ways: int, model):
 
     h = x
     for i in range(model.layers):
-        h = paddle.static.nn.conv2d(h, tasks * model.filters, 3, stride=model.stride,
-                                    padding="SAME", groups=tasks, bias_attr=False,
-                                    param_attr=ParamAttr(name=f"{prefix}conv{i}.w"))
+        h = paddle.static.nn.conv2d(
+            h,
+            tasks * model.filters,
+            3,
+            stride=model.stride,
+            padding="SAME",
+            groups=tasks,
+            bias_attr=False,
+            param_attr=ParamAttr(name=f"{prefix}conv{i}.w"),
+        )
         h = paddle.static.nn.batch_norm(
-            h, is_test=False, epsilon=1e-3, momentum=0.99,
+            h,
+            is_test=False,
+            epsilon=1e-3,
+            momentum=0.99,
             param_attr=ParamAttr(name=f"{prefix}norm{i}.scale"),
             bias_attr=ParamAttr(name=f"{prefix}norm{i}.bias"),
             moving_mean_name=f"{prefix}norm{i}.mean",
-            moving_variance_name=f"{prefix}norm{i}.var")
+            moving_variance_name=f"{prefix}norm{i}.var",
+        )
         if model.pool:
             h = F.max_pool2d(h, kernel_size=2, stride=2, padding="SAME")
         h = F.relu(h)
     features = h.shape[1] // tasks * h.shape[2] * h.shape[3]
     h = paddle.transpose(paddle.reshape(h, [-1, tasks, features]), [1, 0, 2])  # [T, batch, f]
-    weight = paddle.static.create_parameter([tasks, features, ways], "float32",
-                                            name=f"{prefix}dense.w")
-    bias = paddle.static.create_parameter([tasks, 1, ways], "float32", name=f"{prefix}dense.b",
-                                          is_bias=True)
+    weight = paddle.static.create_parameter(
+        [tasks, features, ways], "float32", name=f"{prefix}dense.w"
+    )
+    bias = paddle.static.create_parameter(
+        [tasks, 1, ways], "float32", name=f"{prefix}dense.b", is_bias=True
+    )
     return paddle.add(paddle.bmm(h, weight), bias)
 
 
@@ -275,8 +266,9 @@ def _gather(get, pairs, params, tasks):
             _into("sum", [acc, *_by_task(get(slot), tasks, model_var.shape)], acc)
         elif _size(slot) != _size(model_var):
             total = paddle.add_n(_by_task(get(slot), tasks, model_var.shape))
-            _into("scale", total, get(model_var), scale=1.0 / tasks, bias=0.0,
-                  bias_after_scale=True)
+            _into(
+                "scale", total, get(model_var), scale=1.0 / tasks, bias=0.0, bias_after_scale=True
+            )
         else:
             _into("assign", get(slot), get(model_var))
 
@@ -326,8 +318,14 @@ def combine_lanes(lanes: list[BatchedPrograms]):
                 acc = get(model_var, model_var.name + ACC)
                 _into("sum", [acc, *shares], acc)
             elif _size(slot) != _size(model_var):
-                _into("scale", paddle.add_n(shares), get(model_var), scale=1.0 / tasks,
-                      bias=0.0, bias_after_scale=True)
+                _into(
+                    "scale",
+                    paddle.add_n(shares),
+                    get(model_var),
+                    scale=1.0 / tasks,
+                    bias=0.0,
+                    bias_after_scale=True,
+                )
             else:
                 _into("assign", shares[0], get(model_var))
 
@@ -338,8 +336,12 @@ def _into(op_type: str, x, out, **attrs) -> None:
     """One ``op_type`` op of ``x`` (a variable or a list of them) that writes straight
     into the scope variable ``out`` (no temporary, no copy after it: each op of a program
     costs its first run ~3 ms)."""
-    out.block.append_op(type=op_type, inputs={"X": x if isinstance(x, list) else [x]},
-                        outputs={"Out": [out]}, attrs=attrs)
+    out.block.append_op(
+        type=op_type,
+        inputs={"X": x if isinstance(x, list) else [x]},
+        outputs={"Out": [out]},
+        attrs=attrs,
+    )
 
 
 def _by_task(slot, tasks: int, shape) -> list:
@@ -355,7 +357,7 @@ def _by_task(slot, tasks: int, shape) -> list:
 def _unprefixed(name: str, prefix: str) -> str:
     """A slot variable's model variable: Adam's names take the prefix twice."""
     while name.startswith(prefix):
-        name = name[len(prefix):]
+        name = name[len(prefix) :]
     return name
 
 

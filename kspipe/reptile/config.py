@@ -17,8 +17,8 @@ from typing import Optional
 class TaskConfig:
     """A few-shot task: ``ways`` classes with ``shots`` support images each."""
 
-    ways: int = 5            # classes per task
-    shots: int = 5           # support images per class when evaluating
+    ways: int = 5  # classes per task
+    shots: int = 5  # support images per class when evaluating
 
 
 @dataclass
@@ -35,11 +35,11 @@ class ModelConfig:
 class TrainConfig:
     """Meta-training: the outer loop of meta-iterations and the inner Adam steps of each task."""
 
-    meta_iters: int = 1000   # meta-iterations (outer steps)
-    meta_batch: int = 5      # tasks per meta-iteration
-    inner_iters: int = 5     # Adam steps per task
-    inner_batch: int = 10    # images per Adam step
-    shots: int = 10          # images per class in a training task (the paper's train-shots)
+    meta_iters: int = 1000  # meta-iterations (outer steps)
+    meta_batch: int = 5  # tasks per meta-iteration
+    inner_iters: int = 5  # Adam steps per task
+    inner_batch: int = 10  # images per Adam step
+    shots: int = 10  # images per class in a training task (the paper's train-shots)
     inner_lr: float = 0.001  # the inner optimiser's step size
     inner_optimizer: str = "adam"  # adam (beta1 = 0, the paper's) | sgd (plain steps)
     algorithm: str = "reptile"  # reptile | foml (first-order MAML: the last step's change)
@@ -48,10 +48,10 @@ class TrainConfig:
     weight_decay: float = 1.0  # weights times this before each inner step (1: none), as the
     #                            reference does
     batch_tasks: bool = True  # the meta-batch's tasks adapt side by side in one program (Reptile)
-    threads: int = 0          # threads sharing those tasks (0: the process's cores), 2+ tasks each
-    meta_step: float = 1.0   # meta step size at the start ...
+    threads: int = 0  # threads sharing those tasks (0: the process's cores), 2+ tasks each
+    meta_step: float = 1.0  # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
-    checkpoint_every: int = 100   # meta-iterations between checkpoints (0: only at the end)
+    checkpoint_every: int = 100  # meta-iterations between checkpoints (0: only at the end)
     keep_checkpoints: int = 2
 
 
@@ -59,14 +59,14 @@ class TrainConfig:
 class EvalConfig:
     """The evaluations: before and after meta-training, and the learning curve between."""
 
-    tasks: int = 200         # test tasks of the final (and baseline) evaluation
-    train_tasks: int = 20    # training tasks of the final evaluation (train_accuracy)
-    queries: int = 1         # query images per class
-    inner_iters: int = 50    # Adam steps on a test task's support set
+    tasks: int = 200  # test tasks of the final (and baseline) evaluation
+    train_tasks: int = 20  # training tasks of the final evaluation (train_accuracy)
+    queries: int = 1  # query images per class
+    inner_iters: int = 50  # Adam steps on a test task's support set
     inner_batch: int = 5
-    baseline: bool = True    # also evaluate the model before meta-training
+    baseline: bool = True  # also evaluate the model before meta-training
     transductive: bool = True  # queries share batch norm statistics; false: each query alone
-    batch_tasks: int = 10    # test tasks adapted side by side in one program (1: one at a time)
-    threads: int = 0         # threads adapting such groups at once (0: the process's cores)
-    interval: int = 100      # meta-iterations between learning-curve points (0: none)
+    batch_tasks: int = 10  # test tasks adapted side by side in one program (1: one at a time)
+    threads: int = 0  # threads adapting such groups at once (0: the process's cores)
+    interval: int = 100  # meta-iterations between learning-curve points (0: none)
     interval_tasks: int = 10  # tasks per learning-curve point

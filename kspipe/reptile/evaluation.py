@@ -12,7 +12,7 @@ import numpy as np
 
 from kspipe import stopping
 from kspipe.fewshot.data import Prefetcher
-from kspipe.reptile.batched import thread_count
+from kspipe.reptile.sizing import thread_count
 from kspipe.reptile.tasks import evaluation_task
 
 
@@ -51,8 +51,11 @@ def evaluate(model, together, reporter, evaluations: list) -> list[tuple]:
     size = together.tasks if together is not None else 1
     try:
         with closing(Prefetcher(make, keys)) as feed:
-            lanes = (model.lanes(thread_count(cfg.eval.threads), together)
-                     if together is not None else [])
+            lanes = (
+                model.lanes(thread_count(cfg.eval.threads), together)
+                if together is not None
+                else []
+            )
             groups = chunks(feed, size)
             if lanes:  # two or more, each on its own thread
                 adapted = groups_on_lanes(model, together, groups, lanes)
@@ -62,9 +65,12 @@ def evaluate(model, together, reporter, evaluations: list) -> list[tuple]:
                 for group, group_accuracies in adapted:
                     (which, _), _ = group[0]
                     accuracies[which] += group_accuracies
-                    reporter.progress(evaluations[which].label, group[-1][0][1] + 1,
-                                      evaluations[which].tasks,
-                                      {"accuracy": float(np.mean(accuracies[which]))})
+                    reporter.progress(
+                        evaluations[which].label,
+                        group[-1][0][1] + 1,
+                        evaluations[which].tasks,
+                        {"accuracy": float(np.mean(accuracies[which]))},
+                    )
                     stopping.check()
     finally:
         model.run(model.p.restore_snapshot)
@@ -73,8 +79,7 @@ def evaluate(model, together, reporter, evaluations: list) -> list[tuple]:
 
 def mean_and_half_width(accuracies: np.ndarray) -> tuple[float, float]:
     """The mean of ``accuracies`` and its 95% half-width (0 for a single one)."""
-    half = (1.96 * accuracies.std(ddof=1) / np.sqrt(len(accuracies))
-            if len(accuracies) > 1 else 0.0)
+    half = 1.96 * accuracies.std(ddof=1) / np.sqrt(len(accuracies)) if len(accuracies) > 1 else 0.0
     return float(accuracies.mean()), float(half)
 
 
@@ -130,13 +135,20 @@ def accuracies_together(model, together, tasks: list, lane=None) -> list:
     copies of its last task."""
     cfg = model.cfg.eval
     padded = tasks + [tasks[-1]] * (together.tasks - len(tasks))
-    model.adapt_together(together, [(sx, sy, rng) for sx, sy, _, _, rng in padded],
-                         cfg.inner_batch, cfg.inner_iters, lane)
-    (logits,) = (lane or model.lane).run(together.forward,
-                                         together.stack([qx for _, _, qx, _, _ in padded]),
-                                         [together.logits])
-    return [float(np.mean(np.asarray(logits)[t].argmax(axis=1) == qy))
-            for t, (_, _, _, qy, _) in enumerate(tasks)]
+    model.adapt_together(
+        together,
+        [(sx, sy, rng) for sx, sy, _, _, rng in padded],
+        cfg.inner_batch,
+        cfg.inner_iters,
+        lane,
+    )
+    (logits,) = (lane or model.lane).run(
+        together.forward, together.stack([qx for _, _, qx, _, _ in padded]), [together.logits]
+    )
+    return [
+        float(np.mean(np.asarray(logits)[t].argmax(axis=1) == qy))
+        for t, (_, _, _, qy, _) in enumerate(tasks)
+    ]
 
 
 def chunks(items, size: int):

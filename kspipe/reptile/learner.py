@@ -15,15 +15,10 @@ from kspipe import checkpoint
 from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
-from kspipe.reptile.batched import (
-    combine_lanes,
-    lane_gather,
-    lane_shares,
-    tasks_together,
-    train_lanes,
-)
+from kspipe.reptile.batched import combine_lanes, lane_gather, lane_shares
 from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
 from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
+from kspipe.reptile.sizing import tasks_together, train_lanes
 from kspipe.reptile.tasks import training_task
 from kspipe.role import Role
 
@@ -57,8 +52,10 @@ class ReptileLearner(Adapter):
         adapted copies into shares of its own in the model's scope, which
         :meth:`adapt_on_lanes` then combines in one program."""
         if self._train_lanes is None:
-            self._train_lanes = [child_lane(self.scope, self.exe.place, self.p.batched[size])
-                                 for size in self._train_sizes]
+            self._train_lanes = [
+                child_lane(self.scope, self.exe.place, self.p.batched[size])
+                for size in self._train_sizes
+            ]
             for i, lane in enumerate(self._train_lanes):
                 for name in lane_shares(lane.together, i):  # the model's scope holds them
                     self.scope.var(name).get_tensor()
@@ -75,9 +72,9 @@ class ReptileLearner(Adapter):
             together = lane.together
             feed = together.stack(
                 [np.zeros((batch, channels, height, width), np.float32)] * together.tasks,
-                [np.zeros((batch, 1), np.int64)] * together.tasks)
-            self._warming.append(lane.submit(Lane.run, together.train_program(lane.scope),
-                                             feed))
+                [np.zeros((batch, 1), np.int64)] * together.tasks,
+            )
+            self._warming.append(lane.submit(Lane.run, together.train_program(lane.scope), feed))
 
     def gathering(self, lanes: list) -> tuple:
         """Each of ``lanes``' gather of its share (:func:`~kspipe.reptile.batched.lane_gather`)
@@ -86,8 +83,10 @@ class ReptileLearner(Adapter):
         adapt)."""
         if self._gathering is None:
             togethers = [lane.together for lane in lanes]
-            self._gathering = ([lane_gather(t, i) for i, t in enumerate(togethers)],
-                               combine_lanes(togethers))
+            self._gathering = (
+                [lane_gather(t, i) for i, t in enumerate(togethers)],
+                combine_lanes(togethers),
+            )
         return self._gathering
 
     def close(self) -> None:
@@ -103,8 +102,7 @@ class ReptileLearner(Adapter):
     def evaluate(self, classes: list, num_tasks: int, stream: int, label: str) -> tuple:
         """Mean query accuracy over ``num_tasks`` fresh tasks of ``classes``, and its 95%
         half-width, changing nothing (:func:`kspipe.reptile.evaluation.evaluate`)."""
-        return self.evaluate_all([evaluation.Evaluation(classes, num_tasks, stream,
-                                                        label)])[0]
+        return self.evaluate_all([evaluation.Evaluation(classes, num_tasks, stream, label)])[0]
 
     def evaluate_all(self, evaluations: list) -> list[tuple]:
         """:meth:`evaluate` for each of ``evaluations``
@@ -127,8 +125,9 @@ class ReptileLearner(Adapter):
         no such state and both paths take the same steps.
         """
         batch = self.cfg.train.meta_batch
-        return [training_task(self.cfg, self.dataset.train, iteration * batch + j)
-                for j in range(batch)]
+        return [
+            training_task(self.cfg, self.dataset.train, iteration * batch + j) for j in range(batch)
+        ]
 
     def meta_iteration(self, iteration: int, tasks: list) -> float:
         """Adapt on each task from theta, apply the meta step, and let the mode combine
@@ -146,19 +145,23 @@ class ReptileLearner(Adapter):
             losses.append(self.adapt_on_lanes(tasks, self.train_lanes()))
         elif self.train_together is not None and len(tasks) == self.train_together.tasks:
             self.run(self.p.restore_theta)
-            losses.append(self.adapt_together(self.train_together, tasks, cfg.inner_batch,
-                                              cfg.inner_iters))
+            losses.append(
+                self.adapt_together(self.train_together, tasks, cfg.inner_batch, cfg.inner_iters)
+            )
             self.run(self.train_together.gather)
         else:
             for x, y, rng in tasks:
                 self.run(self.p.restore_theta)
                 losses.append(self.adapt_to_task(x, y, rng))
         workers = self.role.worker_num()
-        eps = meta_step_size(iteration // workers, -(-cfg.meta_iters // workers), cfg.meta_step,
-                             cfg.meta_step_final)
+        eps = meta_step_size(
+            iteration // workers, -(-cfg.meta_iters // workers), cfg.meta_step, cfg.meta_step_final
+        )
         keep = 1.0 if cfg.algorithm == "foml" else 1.0 - eps  # FOML adds eps * mean change
-        feed = {"meta_a": np.array([keep], np.float32),
-                "meta_b": np.array([eps / len(tasks)], np.float32)}
+        feed = {
+            "meta_a": np.array([keep], np.float32),
+            "meta_b": np.array([eps / len(tasks)], np.float32),
+        }
         self.run(self.p.meta_update, feed)
         self.sync()
         self.tasks_done += len(tasks)
@@ -175,12 +178,15 @@ class ReptileLearner(Adapter):
             return loss
         if cfg.foml_tail:
             rest, tail = tail_split(y, cfg.foml_tail)
-            batches = [rest[b] for b in inner_batches(len(rest), cfg.inner_batch,
-                                                      cfg.inner_iters - 1, rng, cfg.replacement)]
+            batches = [
+                rest[b]
+                for b in inner_batches(
+                    len(rest), cfg.inner_batch, cfg.inner_iters - 1, rng, cfg.replacement
+                )
+            ]
             batches.append(tail)
         else:
-            batches = inner_batches(len(x), cfg.inner_batch, cfg.inner_iters, rng,
-                                    cfg.replacement)
+            batches = inner_batches(len(x), cfg.inner_batch, cfg.inner_iters, rng, cfg.replacement)
         loss = self.steps(x, y, batches, foml=True)
         self.run(self.p.accumulate)
         return loss
@@ -193,19 +199,18 @@ class ReptileLearner(Adapter):
         cfg = self.cfg.train
         shares, start = [], 0
         for lane in lanes:
-            shares.append(tasks[start:start + lane.together.tasks])
+            shares.append(tasks[start : start + lane.together.tasks])
             start += lane.together.tasks
 
         def adapt(lane, share):
-            return self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters,
-                                       lane)
+            return self.adapt_together(lane.together, share, cfg.inner_batch, cfg.inner_iters, lane)
 
         warming, self._warming = self._warming, []  # the lanes' first steps, if under way
         adapting = start_on_lanes(adapt, lanes, shares)
         try:
             gathers, combine = self.gathering(lanes)
         finally:
-            losses = results(warming + adapting)[len(warming):]
+            losses = results(warming + adapting)[len(warming) :]
         run_on_lanes(Lane.run, lanes, gathers)
         self.run(combine)
         return float(sum(loss * len(share) for loss, share in zip(losses, shares)) / len(tasks))
@@ -234,9 +239,15 @@ class ReptileLearner(Adapter):
             folder = os.path.join(folder, f"worker-{index}")
 
         def save():
-            return checkpoint.save(self.p.train, self.scope, folder, iteration,
-                                   {"meta_iteration": iteration, "tasks_done": self.tasks_done},
-                                   self.cfg.train.keep_checkpoints, cfg=self.cfg)
+            return checkpoint.save(
+                self.p.train,
+                self.scope,
+                folder,
+                iteration,
+                {"meta_iteration": iteration, "tasks_done": self.tasks_done},
+                self.cfg.train.keep_checkpoints,
+                cfg=self.cfg,
+            )
 
         path = save() if index else None
         if self.role.worker_num() > 1:
@@ -253,13 +264,14 @@ class ReptileLearner(Adapter):
         index = self.role.worker_index()
         if index:
             found = checkpoint.latest(user_path(path), key)
-            own = os.path.join(os.path.dirname(found), f"worker-{index}",
-                               os.path.basename(found))
+            own = os.path.join(os.path.dirname(found), f"worker-{index}", os.path.basename(found))
             if os.path.isdir(own):
                 progress = checkpoint.load(self.p.train, self.scope, own)
             else:
-                self.reporter.say(f"worker {index}: no state of its own beside {found}; it "
-                                  f"starts from the first worker's optimiser state")
+                self.reporter.say(
+                    f"worker {index}: no state of its own beside {found}; it "
+                    f"starts from the first worker's optimiser state"
+                )
         self.run(self.p.save_theta)
         self.tasks_done = progress["tasks_done"]
         return progress["meta_iteration"]

@@ -60,8 +60,15 @@ INNER_OPTIMIZERS = ("adam", "sgd")
 ALGORITHMS = ("reptile", "foml")
 
 
-def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int,
-                   inner_optimizer: str = "adam", weight_decay: float = 1.0) -> ReptilePrograms:
+def build_programs(
+    image_shape,
+    ways: int,
+    model,
+    inner_lr: float,
+    seed: int,
+    inner_optimizer: str = "adam",
+    weight_decay: float = 1.0,
+) -> ReptilePrograms:
     """Build every program of a Reptile model for images of ``image_shape`` (H, W, C).
 
     ``inner_optimizer``: ``adam`` (beta1 = 0, the paper's) or ``sgd`` (plain gradient
@@ -72,12 +79,14 @@ def build_programs(image_shape, ways: int, model, inner_lr: float, seed: int,
     import paddle
 
     with paddle.utils.unique_name.guard():
-        return _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
-                               weight_decay)
+        return _build_programs(
+            image_shape, ways, model, inner_lr, seed, inner_optimizer, weight_decay
+        )
 
 
-def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
-                    weight_decay) -> ReptilePrograms:
+def _build_programs(
+    image_shape, ways, model, inner_lr, seed, inner_optimizer, weight_decay
+) -> ReptilePrograms:
     import paddle
     import paddle.nn.functional as F
 
@@ -94,8 +103,9 @@ def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
         if inner_optimizer == "sgd":
             optimizer = paddle.optimizer.SGD(learning_rate=inner_lr)
         else:
-            optimizer = paddle.optimizer.Adam(learning_rate=inner_lr, beta1=0.0, beta2=0.999,
-                                              epsilon=1e-8)
+            optimizer = paddle.optimizer.Adam(
+                learning_rate=inner_lr, beta1=0.0, beta2=0.999, epsilon=1e-8
+            )
         optimizer.minimize(loss)
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()
@@ -104,8 +114,9 @@ def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
         infer_logits = _network(infer_x, ways, model, fused_norm=False)
 
     params = [p.name for p in train.all_parameters() if p.trainable]
-    state = sorted(v.name for v in train.list_vars() if v.persistable
-                   and v.name not in ("feed", "fetch"))
+    state = sorted(
+        v.name for v in train.list_vars() if v.persistable and v.name not in ("feed", "fetch")
+    )
     shapes = {v.name: v.shape for v in train.list_vars() if v.persistable}
     dtypes = {v.name: v.dtype for v in train.list_vars() if v.persistable}
 
@@ -121,11 +132,27 @@ def _build_programs(image_shape, ways, model, inner_lr, seed, inner_optimizer,
     decay = _scale_program(startup, params, shapes, weight_decay) if weight_decay != 1 else None
     meta_update = _meta_update_program(startup, params, shapes)
     return ReptilePrograms(
-        startup=startup, train=train, forward=forward, infer=infer, save_theta=save_theta,
-        restore_theta=restore_theta, accumulate=accumulate, unaccumulate=unaccumulate,
-        decay=decay, meta_update=meta_update,
-        snapshot=snapshot, restore_snapshot=restore_snapshot, x=x, y=y, loss=loss,
-        logits=logits, infer_x=infer_x, infer_logits=infer_logits, params=params, state=state)
+        startup=startup,
+        train=train,
+        forward=forward,
+        infer=infer,
+        save_theta=save_theta,
+        restore_theta=restore_theta,
+        accumulate=accumulate,
+        unaccumulate=unaccumulate,
+        decay=decay,
+        meta_update=meta_update,
+        snapshot=snapshot,
+        restore_snapshot=restore_snapshot,
+        x=x,
+        y=y,
+        loss=loss,
+        logits=logits,
+        infer_x=infer_x,
+        infer_logits=infer_logits,
+        params=params,
+        state=state,
+    )
 
 
 def _network(x, ways: int, model, fused_norm: bool):
@@ -141,22 +168,35 @@ def _network(x, ways: int, model, fused_norm: bool):
 
     h = x
     for i in range(model.layers):
-        h = paddle.static.nn.conv2d(h, model.filters, 3, stride=model.stride, padding="SAME",
-                                    param_attr=ParamAttr(name=f"conv{i}.w"), bias_attr=False)
+        h = paddle.static.nn.conv2d(
+            h,
+            model.filters,
+            3,
+            stride=model.stride,
+            padding="SAME",
+            param_attr=ParamAttr(name=f"conv{i}.w"),
+            bias_attr=False,
+        )
         if fused_norm:
             h = paddle.static.nn.batch_norm(
-                h, is_test=False, epsilon=1e-3, momentum=0.99,
+                h,
+                is_test=False,
+                epsilon=1e-3,
+                momentum=0.99,
                 param_attr=ParamAttr(name=f"norm{i}.scale"),
                 bias_attr=ParamAttr(name=f"norm{i}.bias"),
-                moving_mean_name=f"norm{i}.mean", moving_variance_name=f"norm{i}.var")
+                moving_mean_name=f"norm{i}.mean",
+                moving_variance_name=f"norm{i}.var",
+            )
         else:
             h = _batch_norm_ops(h, f"norm{i}", model.filters)
         if model.pool:
             h = F.max_pool2d(h, kernel_size=2, stride=2, padding="SAME")
         h = F.relu(h)
     h = paddle.flatten(h, 1)
-    return paddle.static.nn.fc(h, ways, weight_attr=ParamAttr(name="dense.w"),
-                               bias_attr=ParamAttr(name="dense.b"))
+    return paddle.static.nn.fc(
+        h, ways, weight_attr=ParamAttr(name="dense.w"), bias_attr=ParamAttr(name="dense.b")
+    )
 
 
 def _batch_norm_ops(h, prefix: str, channels: int):
@@ -179,8 +219,11 @@ def _backup_var(block, startup, name, shape, dtype, value=0.0):
     sblock = startup.global_block()
     if not sblock.has_var(name):
         svar = sblock.create_var(name=name, shape=shape, dtype=dtype, persistable=True)
-        sblock.append_op(type="fill_constant", outputs={"Out": [svar]},
-                         attrs={"shape": list(shape), "dtype": svar.dtype, "value": float(value)})
+        sblock.append_op(
+            type="fill_constant",
+            outputs={"Out": [svar]},
+            attrs={"shape": list(shape), "dtype": svar.dtype, "value": float(value)},
+        )
     return var
 
 
@@ -207,8 +250,9 @@ def _accumulate_program(startup, params, shapes, op: str = "elementwise_add"):
     for p in params:
         pv = _backup_var(block, startup, p, shapes[p], "float32")
         acc = _backup_var(block, startup, p + ACC, shapes[p], "float32")
-        block.append_op(type=op, inputs={"X": [acc], "Y": [pv]},
-                        outputs={"Out": [acc]}, attrs={"axis": -1})
+        block.append_op(
+            type=op, inputs={"X": [acc], "Y": [pv]}, outputs={"Out": [acc]}, attrs={"axis": -1}
+        )
     return program
 
 
@@ -220,8 +264,12 @@ def _scale_program(startup, params, shapes, rate: float):
     block = program.global_block()
     for p in params:
         pv = _backup_var(block, startup, p, shapes[p], "float32")
-        block.append_op(type="scale", inputs={"X": [pv]}, outputs={"Out": [pv]},
-                        attrs={"scale": float(rate), "bias": 0.0})
+        block.append_op(
+            type="scale",
+            inputs={"X": [pv]},
+            outputs={"Out": [pv]},
+            attrs={"scale": float(rate), "bias": 0.0},
+        )
     return program
 
 
@@ -237,8 +285,12 @@ def _meta_update_program(startup, params, shapes):
         block = program.global_block()
 
         def op(op_type, out, attrs=None, **inputs):
-            block.append_op(type=op_type, inputs={k: [v] for k, v in inputs.items()},
-                            outputs={"Out": [out]}, attrs=attrs or {})
+            block.append_op(
+                type=op_type,
+                inputs={k: [v] for k, v in inputs.items()},
+                outputs={"Out": [out]},
+                attrs=attrs or {},
+            )
 
         for p in params:
             pv = _backup_var(block, startup, p, shapes[p], "float32")
@@ -252,13 +304,17 @@ def _meta_update_program(startup, params, shapes):
     return program
 
 
-def inner_batches(num_samples: int, batch_size: int, iterations: int,
-                  rng: np.random.Generator, replacement: bool = False) -> list[np.ndarray]:
+def inner_batches(
+    num_samples: int,
+    batch_size: int,
+    iterations: int,
+    rng: np.random.Generator,
+    replacement: bool = False,
+) -> list[np.ndarray]:
     """Index batches for an inner loop: shuffled passes over the samples, as in the paper;
     with ``replacement`` each batch is drawn afresh from all samples (no repeat within it)."""
     if replacement:
-        return [rng.choice(num_samples, size=batch_size, replace=False)
-                for _ in range(iterations)]
+        return [rng.choice(num_samples, size=batch_size, replace=False) for _ in range(iterations)]
     batches, order = [], np.array([], dtype=np.int64)
     for _ in range(iterations):
         while len(order) < batch_size:

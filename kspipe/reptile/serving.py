@@ -48,8 +48,15 @@ class FewShotModel:
         cfg = OmegaConf.load(os.path.join(model_dir, "kspipe_config.yaml"))
         self.cfg = cfg
         self.image_shape = exported_image_shape(model_dir)
-        programs = build_programs(self.image_shape, cfg.task.ways, cfg.model, cfg.train.inner_lr,
-                                  cfg.seed, cfg.train.inner_optimizer, cfg.train.weight_decay)
+        programs = build_programs(
+            self.image_shape,
+            cfg.task.ways,
+            cfg.model,
+            cfg.train.inner_lr,
+            cfg.seed,
+            cfg.train.inner_optimizer,
+            cfg.train.weight_decay,
+        )
         programs.compiled_train = compile_options(cfg, programs.train, programs.forward)
         executor = paddle.static.Executor(paddle.CPUPlace())
         self.model = Adapter(cfg, programs, executor, paddle.static.Scope())
@@ -72,8 +79,9 @@ class FewShotModel:
 
         found = {"inference_model": os.path.join(run_dir, "inference_model")}
         kept = checkpoint.checkpoints(os.path.join(run_dir, "checkpoints"))
-        evaluated = OmegaConf.load(os.path.join(found["inference_model"],
-                                                "kspipe_config.yaml")).get("evaluate")
+        evaluated = OmegaConf.load(
+            os.path.join(found["inference_model"], "kspipe_config.yaml")
+        ).get("evaluate")
         if kept:
             found["checkpoint"] = max(kept)
         elif evaluated:
@@ -91,11 +99,13 @@ class FewShotModel:
         cfg = OmegaConf.load(os.path.join(model_dir, "kspipe_config.yaml"))
         size = int(np.prod(exported_image_shape(model_dir)))
         labels = [*range(cfg.task.ways), QUERY]
-        return {"input": pd.DataFrame({"image": [[0.5] * size for _ in labels],
-                                       "label": labels}),
-                "output": pd.DataFrame({"class": [0],
-                                        "probabilities": [[1.0 / cfg.task.ways] * cfg.task.ways]}),
-                "params": {"seed": int(cfg.seed)}}
+        return {
+            "input": pd.DataFrame({"image": [[0.5] * size for _ in labels], "label": labels}),
+            "output": pd.DataFrame(
+                {"class": [0], "probabilities": [[1.0 / cfg.task.ways] * cfg.task.ways]}
+            ),
+            "params": {"seed": int(cfg.seed)},
+        }
 
     def predict(self, frame, params: dict):
         """The class and the ways' probabilities of each query row of ``frame``."""
@@ -106,43 +116,59 @@ class FewShotModel:
         model, cfg = self.model, self.cfg
         model.run(model.p.restore_snapshot)
         try:
-            model.adapt(support_x, support_y, cfg.eval.inner_batch, cfg.eval.inner_iters,
-                        np.random.default_rng(seed))
+            model.adapt(
+                support_x,
+                support_y,
+                cfg.eval.inner_batch,
+                cfg.eval.inner_iters,
+                np.random.default_rng(seed),
+            )
             logits = model.query_logits(support_x, query_x).astype(np.float64)
         finally:
             model.run(model.p.restore_snapshot)
         odds = np.exp(logits - logits.max(axis=1, keepdims=True))
         probabilities = odds / odds.sum(axis=1, keepdims=True)
-        return pd.DataFrame({"class": probabilities.argmax(axis=1),
-                             "probabilities": list(probabilities)})
+        return pd.DataFrame(
+            {"class": probabilities.argmax(axis=1), "probabilities": list(probabilities)}
+        )
 
     def task(self, frame) -> tuple:
         """Support images (NCHW), their labels and the query images of a request."""
         missing = [name for name in ("image", "label") if name not in frame.columns]
         if missing:
-            raise DataError(f"the request has no column {', '.join(missing)}: a row per image, "
-                            f"'image' (its {np.prod(self.image_shape)} values, H x W x C) and "
-                            f"'label' (0..{self.cfg.task.ways - 1} for support, {QUERY} for query)")
+            raise DataError(
+                f"the request has no column {', '.join(missing)}: a row per image, "
+                f"'image' (its {np.prod(self.image_shape)} values, H x W x C) and "
+                f"'label' (0..{self.cfg.task.ways - 1} for support, {QUERY} for query)"
+            )
         ways = self.cfg.task.ways
         try:
             labels = np.array([int(v) for v in frame["label"]], dtype=np.int64)
-            images = np.stack([np.asarray(v, dtype=np.float32).reshape(self.image_shape)
-                               for v in frame["image"]])
+            images = np.stack(
+                [np.asarray(v, dtype=np.float32).reshape(self.image_shape) for v in frame["image"]]
+            )
         except (TypeError, ValueError) as err:
-            raise DataError(f"an image must hold {np.prod(self.image_shape)} numbers "
-                            f"({' x '.join(map(str, self.image_shape))}) and a label an "
-                            f"integer: {err}") from None
+            raise DataError(
+                f"an image must hold {np.prod(self.image_shape)} numbers "
+                f"({' x '.join(map(str, self.image_shape))}) and a label an "
+                f"integer: {err}"
+            ) from None
         support, query = labels >= 0, labels == QUERY
         bad = sorted(set(labels[~support & ~query]) | set(labels[labels >= ways]))
         if bad:
-            raise DataError(f"label {bad[0]} is neither a class 0..{ways - 1} nor {QUERY} "
-                            f"(a query)")
+            raise DataError(
+                f"label {bad[0]} is neither a class 0..{ways - 1} nor {QUERY} (a query)"
+            )
         if not query.any() or not support.any():
-            raise DataError("a task needs support images (label 0..ways-1) and at least one "
-                            "query (label -1)")
+            raise DataError(
+                "a task needs support images (label 0..ways-1) and at least one query (label -1)"
+            )
         nchw = (0, 3, 1, 2)
-        return (np.ascontiguousarray(images[support].transpose(nchw)), labels[support],
-                np.ascontiguousarray(images[query].transpose(nchw)))
+        return (
+            np.ascontiguousarray(images[support].transpose(nchw)),
+            labels[support],
+            np.ascontiguousarray(images[query].transpose(nchw)),
+        )
 
 
 def exported_image_shape(model_dir: str) -> tuple:
@@ -151,7 +177,8 @@ def exported_image_shape(model_dir: str) -> tuple:
 
     with paddle.static.scope_guard(paddle.static.Scope()):
         program, feeds, _ = paddle.static.load_inference_model(
-            os.path.join(model_dir, MODEL_NAME), paddle.static.Executor(paddle.CPUPlace()))
+            os.path.join(model_dir, MODEL_NAME), paddle.static.Executor(paddle.CPUPlace())
+        )
     _, channels, height, width = program.global_block().var(feeds[0]).shape
     return height, width, channels
 
@@ -164,7 +191,8 @@ def load_weights(model, model_dir: str) -> None:
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         program, _, _ = paddle.static.load_inference_model(
-            os.path.join(model_dir, MODEL_NAME), model.exe)
+            os.path.join(model_dir, MODEL_NAME), model.exe
+        )
     for var in program.list_vars():
         if var.persistable and var.name not in ("feed", "fetch"):
             value = np.array(scope.find_var(var.name).get_tensor())

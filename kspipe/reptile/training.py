@@ -71,8 +71,10 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
 
         fingerprints = role.all_gather(learner.fingerprint())
         if len(set(fingerprints)) > 1:  # the mode's exchange failed: no one model to evaluate
-            raise ClusterError(f"the workers ended with different models (parameter sums "
-                               f"{', '.join(f'{f:.9g}' for f in fingerprints)})")
+            raise ClusterError(
+                f"the workers ended with different models (parameter sums "
+                f"{', '.join(f'{f:.9g}' for f in fingerprints)})"
+            )
         metrics.update(throughput(role, trained, seconds, cfg.train.meta_batch))
         if not first:
             return metrics
@@ -80,8 +82,12 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         if untrained is not None:
             metrics.update(baseline_evaluation(learner, untrained))
     if cfg.eval.interval:
-        metrics.update({"curve/train_accuracy": metrics["train_accuracy"],
-                        "curve/test_accuracy": metrics["test_accuracy"]})
+        metrics.update(
+            {
+                "curve/train_accuracy": metrics["train_accuracy"],
+                "curve/test_accuracy": metrics["test_accuracy"],
+            }
+        )
     reporter.metrics(metrics, cfg.train.meta_iters)
     return metrics
 
@@ -104,15 +110,25 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
             for iteration, tasks in feed:
                 losses.append(learner.meta_iteration(iteration, tasks))
                 done = iteration - index + workers  # the end of this round
-                rate = (learner.tasks_done - tasks_at_start) * workers / max(
-                    time.perf_counter() - started, 1e-9)
+                rate = (
+                    (learner.tasks_done - tasks_at_start)
+                    * workers
+                    / max(time.perf_counter() - started, 1e-9)
+                )
                 shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
                 reporter.progress("meta-train", min(done, total), total, shown)
-                if (first and cfg.eval.interval and done < total
-                        and crossed(done, last_done, cfg.eval.interval)):
+                if (
+                    first
+                    and cfg.eval.interval
+                    and done < total
+                    and crossed(done, last_done, cfg.eval.interval)
+                ):
                     curve_point(learner, done, losses, shown)
-                if (cfg.train.checkpoint_every and done < rounds * workers
-                        and crossed(done, last_done, cfg.train.checkpoint_every)):
+                if (
+                    cfg.train.checkpoint_every
+                    and done < rounds * workers
+                    and crossed(done, last_done, cfg.train.checkpoint_every)
+                ):
                     learner.save_checkpoint(ckpt_dir, done)
                 last_done = done
                 stopping.check()
@@ -128,13 +144,23 @@ def curve_point(learner: ReptileLearner, done: int, losses: list, shown: dict) -
     """The learning curve's point after ``done`` meta-iterations: train and test accuracy on
     ``eval.interval_tasks`` tasks each, and the mean loss since the last point."""
     cfg = learner.cfg
-    (train_acc, _), (test_acc, _) = learner.evaluate_all([
-        Evaluation(learner.dataset.train, cfg.eval.interval_tasks, CURVE_STREAM, "curve (train)"),
-        Evaluation(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM, "curve (test)")])
+    (train_acc, _), (test_acc, _) = learner.evaluate_all(
+        [
+            Evaluation(
+                learner.dataset.train, cfg.eval.interval_tasks, CURVE_STREAM, "curve (train)"
+            ),
+            Evaluation(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM, "curve (test)"),
+        ]
+    )
     shown["test acc"] = test_acc  # on the progress line from now on
-    learner.reporter.metrics({"curve/train_accuracy": train_acc,
-                              "curve/test_accuracy": test_acc,
-                              "meta_loss": float(np.mean(losses[-cfg.eval.interval:]))}, done)
+    learner.reporter.metrics(
+        {
+            "curve/train_accuracy": train_acc,
+            "curve/test_accuracy": test_acc,
+            "meta_loss": float(np.mean(losses[-cfg.eval.interval :])),
+        },
+        done,
+    )
 
 
 def crossed(done: int, last_done: int, every: int) -> bool:
@@ -153,8 +179,12 @@ def throughput(role, trained: int, seconds: float, meta_batch: int) -> dict:
         out["tasks_per_s"] = float(sum(tasks) / wall)
         out["meta_iters_per_s"] = float(sum(tasks) / wall / meta_batch)
     if len(tasks) > 1:
-        out.update({f"worker{i}/tasks_per_s": float(t / max(s, 1e-9))
-                    for i, (t, s) in enumerate(zip(tasks, times))})
+        out.update(
+            {
+                f"worker{i}/tasks_per_s": float(t / max(s, 1e-9))
+                for i, (t, s) in enumerate(zip(tasks, times))
+            }
+        )
     return out
 
 
@@ -164,12 +194,17 @@ def evaluate_checkpoints(learner: ReptileLearner, source: str) -> dict:
     checkpoint kept beside it (``curve/test_accuracy`` at each one's meta-iteration)."""
     cfg, reporter = learner.cfg, learner.reporter
     final = checkpoint.latest(user_path(source), "evaluate")
-    earlier = [path for path in sorted(checkpoint.checkpoints(os.path.dirname(final)))
-               if path < final]
+    earlier = [
+        path for path in sorted(checkpoint.checkpoints(os.path.dirname(final))) if path < final
+    ]
     for path in earlier:
         iteration = learner.load_checkpoint(path, "evaluate")
-        acc, _ = learner.evaluate(learner.dataset.test, cfg.eval.interval_tasks, CURVE_STREAM,
-                                  f"curve (test) at {iteration}")
+        acc, _ = learner.evaluate(
+            learner.dataset.test,
+            cfg.eval.interval_tasks,
+            CURVE_STREAM,
+            f"curve (test) at {iteration}",
+        )
         reporter.metrics({"curve/test_accuracy": acc}, iteration)
     iteration = learner.load_checkpoint(final, "evaluate")
     reporter.say(f"evaluating {final} (meta-iteration {iteration})")
@@ -187,8 +222,9 @@ def baseline_evaluation(learner: ReptileLearner, untrained: dict) -> dict:
     model, or ``init_from``'s), recorded at meta-iteration 0."""
     cfg = learner.cfg
     with learner.holding(untrained):
-        acc, ci = learner.evaluate(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM,
-                                   "baseline")
+        acc, ci = learner.evaluate(
+            learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "baseline"
+        )
     metrics = {"baseline_test_accuracy": acc, "baseline_test_accuracy_ci95": ci}
     learner.reporter.metrics(metrics, 0)
     return metrics
@@ -197,9 +233,17 @@ def baseline_evaluation(learner: ReptileLearner, untrained: dict) -> dict:
 def final_evaluation(learner: ReptileLearner) -> dict:
     """Test accuracy on ``eval.tasks`` test tasks and train accuracy, with 95% half-widths."""
     cfg = learner.cfg
-    (test, test_ci), (train, train_ci) = learner.evaluate_all([
-        Evaluation(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate"),
-        Evaluation(learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM,
-                   "evaluate (train)")])
-    return {"test_accuracy": test, "test_accuracy_ci95": test_ci,
-            "train_accuracy": train, "train_accuracy_ci95": train_ci}
+    (test, test_ci), (train, train_ci) = learner.evaluate_all(
+        [
+            Evaluation(learner.dataset.test, cfg.eval.tasks, EVAL_TEST_STREAM, "evaluate"),
+            Evaluation(
+                learner.dataset.train, cfg.eval.train_tasks, EVAL_TRAIN_STREAM, "evaluate (train)"
+            ),
+        ]
+    )
+    return {
+        "test_accuracy": test,
+        "test_accuracy_ci95": test_ci,
+        "train_accuracy": train,
+        "train_accuracy_ci95": train_ci,
+    }

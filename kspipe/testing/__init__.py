@@ -37,8 +37,19 @@ from kspipe.testing.runs import (
 from kspipe.testing.serving import Server, invoke, model_server
 
 __all__ = [
-    "compose_config", "tiny_omniglot", "tiny_overrides", "begun_store",
-    "plugin_manager", "QuietReporter", "HookRecorder",
-    "install_plugin", "plugin_env", "run_kspipe", "assert_one_line_error", "run_statuses",
-    "Server", "model_server", "invoke",
+    "compose_config",
+    "tiny_omniglot",
+    "tiny_overrides",
+    "begun_store",
+    "plugin_manager",
+    "QuietReporter",
+    "HookRecorder",
+    "install_plugin",
+    "plugin_env",
+    "run_kspipe",
+    "assert_one_line_error",
+    "run_statuses",
+    "Server",
+    "model_server",
+    "invoke",
 ]

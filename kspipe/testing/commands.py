@@ -34,8 +34,14 @@ def run_kspipe(*args: str, cwd, env: dict | None = None, timeout: float = 600):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "kspipe.cli.command", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kspipe.cli.command", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_one_line_error(result, *fragments: str) -> None:

@@ -25,8 +25,13 @@ def tiny_omniglot(root: Path, characters: int = 30, drawers: int = 6, seed: int 
     """A small Omniglot-layout data set drawn from KanjiVG (cached under ``root``)."""
     from kspipe.fewshot import kanji
 
-    return kanji.ensure(characters=characters, drawers=drawers, seed=seed,
-                             cache_dir=str(root), say=lambda message: None)
+    return kanji.ensure(
+        characters=characters,
+        drawers=drawers,
+        seed=seed,
+        cache_dir=str(root),
+        say=lambda message: None,
+    )
 
 
 def tiny_overrides(tmp_path: Path, data_root: Path, train_characters: int = 20) -> list[str]:
@@ -89,10 +94,19 @@ def _empty_store() -> Path:
         store = folder / "mlflow.db"
         # in a process of its own, started in that folder: MLflow's default artifact
         # folder (./mlruns) is made there, not in the tests' current folder
-        made = subprocess.run([sys.executable, "-c", "import sys; from mlflow import "
-                               "MlflowClient; MlflowClient(tracking_uri=sys.argv[1])"
-                               ".search_experiments()", f"sqlite:///{store}"],
-                              cwd=folder, capture_output=True, text=True)
+        made = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from mlflow import "
+                "MlflowClient; MlflowClient(tracking_uri=sys.argv[1])"
+                ".search_experiments()",
+                f"sqlite:///{store}",
+            ],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+        )
         assert made.returncode == 0, made.stderr[-3000:]
         _EMPTY_STORE.append(store)
     return _EMPTY_STORE[0]

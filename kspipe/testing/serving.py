@@ -31,9 +31,13 @@ class Server:
         env = dict(env or os.environ, TMPDIR=str(temporary))
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--port",
-                 str(port)], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--port", str(port)],
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def ready(self, timeout: float = 180) -> str:
         """The server's URL, once it answers."""
@@ -61,8 +65,12 @@ class Server:
 def model_server(store: str, run_id: str, cwd: Path):
     """``mlflow models serve`` of the run's model ``model`` in the MLflow store ``store``,
     started for the block (a :class:`Server`: call ``ready()``) and stopped after it."""
-    server = Server(["models", "serve", "-m", f"runs:/{run_id}/model", "--env-manager",
-                     "local"], "/ping", cwd, dict(os.environ, MLFLOW_TRACKING_URI=store))
+    server = Server(
+        ["models", "serve", "-m", f"runs:/{run_id}/model", "--env-manager", "local"],
+        "/ping",
+        cwd,
+        dict(os.environ, MLFLOW_TRACKING_URI=store),
+    )
     try:
         yield server
     finally:
@@ -72,8 +80,11 @@ def model_server(store: str, run_id: str, cwd: Path):
 def invoke(url: str, body: dict) -> tuple[int, dict]:
     """POST ``body`` (JSON) to the model server at ``url``: its status and JSON answer,
     an error's too."""
-    request = urllib.request.Request(url + "/invocations", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/invocations",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.load(response)

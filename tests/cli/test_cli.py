@@ -9,23 +9,27 @@ import pytest
 from kspipe.testing import assert_one_line_error, run_kspipe, run_statuses, tiny_overrides
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["+experiment=omniglot_6way"], ["unknown experiment 'omniglot_6way'", "omniglot_5way"]),
-    (["mode=ring"], ["unknown mode 'ring'"]),
-    (["workers=0"], ["workers=0 must be at least 1"]),
-    (["task.shots=0"], ["task.shots=0 must be at least 1"]),
-    (["train.meta_iters=-5"], ["train.meta_iters=-5 must be at least 0"]),
-    (["train.inner_iters=-1"], ["train.inner_iters=-1"]),
-    (["eval.tasks=many"], ["eval.tasks=many: must be an integer"]),
-    (["stages.dataset=nowhere"], ["stages.dataset='nowhere'", "open_ks"]),
-    (["dataset.name=cifar"], ["dataset.name='cifar'"]),
-    (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
-    (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
-    (["run_dir=/proc/kspipe-run"], ["run_dir=/proc/kspipe-run: cannot make the run folder"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["+experiment=omniglot_6way"], ["unknown experiment 'omniglot_6way'", "omniglot_5way"]),
+        (["mode=ring"], ["unknown mode 'ring'"]),
+        (["workers=0"], ["workers=0 must be at least 1"]),
+        (["task.shots=0"], ["task.shots=0 must be at least 1"]),
+        (["train.meta_iters=-5"], ["train.meta_iters=-5 must be at least 0"]),
+        (["train.inner_iters=-1"], ["train.inner_iters=-1"]),
+        (["eval.tasks=many"], ["eval.tasks=many: must be an integer"]),
+        (["stages.dataset=nowhere"], ["stages.dataset='nowhere'", "open_ks"]),
+        (["dataset.name=cifar"], ["dataset.name='cifar'"]),
+        (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
+        (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
+        (["run_dir=/proc/kspipe-run"], ["run_dir=/proc/kspipe-run: cannot make the run folder"]),
+    ],
+)
 def test_bad_config(tmp_path, args, fragments):
-    result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, tmp_path), *args,
-                        cwd=tmp_path)
+    result = run_kspipe(
+        "+experiment=omniglot_5way", *tiny_overrides(tmp_path, tmp_path), *args, cwd=tmp_path
+    )
     assert_one_line_error(result, *fragments)
     assert "FINISHED" not in run_statuses(tmp_path / "mlflow.db")
 
@@ -41,19 +45,36 @@ def first_character(root):
     return sorted((root / "images_background").glob("*/*"))[0]
 
 
-@pytest.mark.parametrize("damage, args, fragments", [
-    (lambda root: shutil.rmtree(root), [], ["does not exist"]),
-    (lambda root: [shutil.rmtree(p) for p in root.iterdir()], [], ["is empty"]),
-    (lambda root: (first_character(root) / sorted(first_character(root).iterdir())[1].name)
-     .write_bytes(b"\x89PNG broken"), [], ["cannot read image", ".png"]),
-    (lambda root: [p.unlink() for p in sorted(first_character(root).iterdir())[2:]],
-     ["task.shots=2"], ["has 2 images, fewer than the 3"]),
-    (lambda root: None, ["task.ways=11"], ["task.ways=11 is more than the 10 test classes"]),
-])
+@pytest.mark.parametrize(
+    "damage, args, fragments",
+    [
+        (lambda root: shutil.rmtree(root), [], ["does not exist"]),
+        (lambda root: [shutil.rmtree(p) for p in root.iterdir()], [], ["is empty"]),
+        (
+            lambda root: (
+                first_character(root) / sorted(first_character(root).iterdir())[1].name
+            ).write_bytes(b"\x89PNG broken"),
+            [],
+            ["cannot read image", ".png"],
+        ),
+        (
+            lambda root: [p.unlink() for p in sorted(first_character(root).iterdir())[2:]],
+            ["task.shots=2"],
+            ["has 2 images, fewer than the 3"],
+        ),
+        (lambda root: None, ["task.ways=11"], ["task.ways=11 is more than the 10 test classes"]),
+    ],
+)
 def test_bad_data(tmp_path, data_copy, damage, args, fragments):
     damage(data_copy)
-    result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, data_copy),
-                        "train.meta_iters=1", "eval.baseline=false", *args, cwd=tmp_path)
+    result = run_kspipe(
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, data_copy),
+        "train.meta_iters=1",
+        "eval.baseline=false",
+        *args,
+        cwd=tmp_path,
+    )
     assert_one_line_error(result, *fragments)
     if "cannot read image" in fragments:
         assert first_character(data_copy).name in result.stderr
@@ -91,12 +112,19 @@ def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, cap
 
     pm = get_plugin_manager(load_entrypoints=False)
     called = []
-    pm.add_hookcall_monitoring(lambda name, impls, kwargs: called.append(name),
-                               lambda outcome, name, impls, kwargs: None)
+    pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: called.append(name), lambda outcome, name, impls, kwargs: None
+    )
     register_schemas(None)
     monkeypatch.setattr(sys, "argv", ["kspipe"])
-    run_hydra(Jobs(pm, []).run, ["+experiment=omniglot_5way",
-                                 *tiny_overrides(tmp_path, tiny_data), "tracking.enabled=false"])
+    run_hydra(
+        Jobs(pm, []).run,
+        [
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "tracking.enabled=false",
+        ],
+    )
     assert called.count("kspipe_describe_workload") == 1
     assert "kspipe: done: test_accuracy " in capsys.readouterr().out
 
@@ -109,15 +137,18 @@ def test_help_says_how_to_run_and_shows_the_config_the_overrides_compose(tmp_pat
     result = run_kspipe("mode=pserver", "workers=3", "--help", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("kspipe: a plugin-based pipeline")
-    assert "omniglot_5way" in next(line for line in result.stdout.splitlines()
-                                   if line.startswith("experiments"))
+    assert "omniglot_5way" in next(
+        line for line in result.stdout.splitlines() if line.startswith("experiments")
+    )
     assert "\nmodes (mode=NAME): collective, local, pserver\n" in result.stdout
     assert "\nmode: pserver\nworkers: 3\n" in result.stdout
     assert list(tmp_path.iterdir()) == []
     swept = run_kspipe("-m", "workers=2,4", "-h", cwd=tmp_path, timeout=120)
     assert swept.returncode == 0 and "\nworkers: 2\n" in swept.stdout, swept.stderr
-    assert_one_line_error(run_kspipe("eval.tasks=many", "--help", cwd=tmp_path, timeout=120),
-                          "eval.tasks=many: must be an integer")
+    assert_one_line_error(
+        run_kspipe("eval.tasks=many", "--help", cwd=tmp_path, timeout=120),
+        "eval.tasks=many: must be an integer",
+    )
     hydras = run_kspipe("--help", "--info", cwd=tmp_path, timeout=120)  # Hydra answers
     assert hydras.returncode == 0 and "Hydra" in hydras.stdout, hydras.stderr
 
@@ -140,8 +171,12 @@ def test_a_reader_that_is_gone_ends_the_command_quietly(tmp_path):
     import subprocess
 
     read, write = os.pipe()
-    command = subprocess.Popen([sys.executable, "-m", "kspipe", "plugins"], cwd=tmp_path,
-                               stdout=write, stderr=subprocess.PIPE)
+    command = subprocess.Popen(
+        [sys.executable, "-m", "kspipe", "plugins"],
+        cwd=tmp_path,
+        stdout=write,
+        stderr=subprocess.PIPE,
+    )
     os.close(write)
     os.close(read)  # the reader is gone
     err = command.stderr.read().decode()
@@ -157,10 +192,21 @@ def test_a_job_whose_reader_is_gone_ends_quietly_with_its_run_recorded(tmp_path,
     import subprocess
 
     read, write = os.pipe()
-    command = subprocess.Popen([sys.executable, "-m", "kspipe", "+experiment=omniglot_5way",
-                                *tiny_overrides(tmp_path, tiny_data), "train.meta_iters=1",
-                                "eval.baseline=false"],
-                               cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True)
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kspipe",
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "train.meta_iters=1",
+            "eval.baseline=false",
+        ],
+        cwd=tmp_path,
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(write)
     os.close(read)
     err = command.stderr.read()

@@ -11,8 +11,11 @@ from PIL import Image
 
 from kspipe.testing import compose_config, tiny_overrides
 
-EXPERIMENTS = sorted(f.name[:-5] for f in resources.files("kspipe.conf").joinpath("experiment")
-                     .iterdir() if f.name.endswith(".yaml"))
+EXPERIMENTS = sorted(
+    f.name[:-5]
+    for f in resources.files("kspipe.conf").joinpath("experiment").iterdir()
+    if f.name.endswith(".yaml")
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +35,22 @@ def tiny_imagenet(tmp_path_factory):
 
 
 def test_the_paper_settings_are_all_there():
-    assert {"omniglot_5way", "omniglot_5way_paper", "omniglot_5way_1shot", "omniglot_20way",
-            "omniglot_20way_1shot", "miniimagenet_5way",
-            "miniimagenet_5way_1shot"} <= set(EXPERIMENTS)
+    assert {
+        "omniglot_5way",
+        "omniglot_5way_paper",
+        "omniglot_5way_1shot",
+        "omniglot_20way",
+        "omniglot_20way_1shot",
+        "miniimagenet_5way",
+        "miniimagenet_5way_1shot",
+    } <= set(EXPERIMENTS)
     paper = compose_config(["+experiment=omniglot_20way_1shot"])
     assert (paper.task.ways, paper.task.shots, paper.train.inner_iters, paper.train.inner_lr) == (
-        20, 1, 10, 0.0005)
+        20,
+        1,
+        10,
+        0.0005,
+    )
 
 
 def test_every_experiment_runs_in_one_multirun(tmp_path, tiny_imagenet):
@@ -47,13 +60,29 @@ def test_every_experiment_runs_in_one_multirun(tmp_path, tiny_imagenet):
     half the time: a process's start-up is most of a shrunk job's); a sweep's jobs each in
     a process of their own, ctr's too, are test_sweeps.py's."""
     reptile = [o for o in tiny_overrides(tmp_path, tiny_imagenet) if not o.startswith("run_dir=")]
-    ctr = ["datafeed.generated.lines_per_file=200",
-           f"datafeed.generated.cache_dir={tmp_path}/cache", "ctr.epochs=1"]
+    ctr = [
+        "datafeed.generated.lines_per_file=200",
+        f"datafeed.generated.cache_dir={tmp_path}/cache",
+        "ctr.epochs=1",
+    ]
     done = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", "-m", f"+experiment={','.join(EXPERIMENTS)}",
-         *reptile, "eval.inner_batch=3", *ctr, "isolate=false",
-         f"hydra.sweep.dir={tmp_path}/multirun"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "-m",
+            f"+experiment={','.join(EXPERIMENTS)}",
+            *reptile,
+            "eval.inner_batch=3",
+            *ctr,
+            "isolate=false",
+            f"hydra.sweep.dir={tmp_path}/multirun",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         rows = db.execute("select name, status from runs").fetchall()

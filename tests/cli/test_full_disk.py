@@ -26,35 +26,65 @@ pytestmark = pytest.mark.skipif(bool(mounts_missing()), reason=str(mounts_missin
 
 def job(tmp_path, tiny_data, run, *overrides, env=None):
     args = [a for a in tiny_overrides(tmp_path, tiny_data) if not a.startswith("run_dir=")]
-    return run_kspipe("+experiment=omniglot_5way", *args, f"run_dir={run}",
-                      "eval.baseline=false", *overrides, cwd=tmp_path, env=env)
+    return run_kspipe(
+        "+experiment=omniglot_5way",
+        *args,
+        f"run_dir={run}",
+        "eval.baseline=false",
+        *overrides,
+        cwd=tmp_path,
+        env=env,
+    )
 
 
 def test_a_checkpoint_on_a_full_disk_is_one_line_and_leaves_the_earlier_ones_whole(
-        tmp_path, tiny_data):
+    tmp_path, tiny_data
+):
     """The disk holds three checkpoints and a little more: the job, which keeps three,
     stops at the fourth, says which checkpoint could not be written, and resumes from the
     third."""
     probe = tmp_path / "probe"
-    result = job(tmp_path, tiny_data, probe, "train.meta_iters=2", "train.checkpoint_every=1",
-                 "eval.interval=100", "tracking.enabled=false")
+    result = job(
+        tmp_path,
+        tiny_data,
+        probe,
+        "train.meta_iters=2",
+        "train.checkpoint_every=1",
+        "eval.interval=100",
+        "tracking.enabled=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     two = disk_size(probe / "checkpoints")  # two checkpoints (it keeps 2)
     with small_disk(tmp_path / "disk", two * 3 // 2 + 64 * 1024) as disk:
         run = disk / "run"
-        result = job(tmp_path, tiny_data, run, "train.meta_iters=6",
-                     "train.checkpoint_every=1", "train.keep_checkpoints=3",
-                     "eval.interval=100")
+        result = job(
+            tmp_path,
+            tiny_data,
+            run,
+            "train.meta_iters=6",
+            "train.checkpoint_every=1",
+            "train.keep_checkpoints=3",
+            "eval.interval=100",
+        )
         assert_one_line_error(
-            result, "a checkpoint could not be written: No space left on device",
+            result,
+            "a checkpoint could not be written: No space left on device",
             f"(writing {run}/checkpoints/checkpoint-0000004)",
-            f"the run is recorded as FAILED; resume={run} continues from its latest checkpoint")
+            f"the run is recorded as FAILED; resume={run} continues from its latest checkpoint",
+        )
         assert result.returncode == 2
         left = sorted(p.name for p in (run / "checkpoints").iterdir())
         assert left == ["checkpoint-0000001", "checkpoint-0000002", "checkpoint-0000003"]
         assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
-        resumed = job(tmp_path, tiny_data, tmp_path / "resumed", f"resume={run}",
-                      "train.meta_iters=6", "train.checkpoint_every=100", "eval.interval=100")
+        resumed = job(
+            tmp_path,
+            tiny_data,
+            tmp_path / "resumed",
+            f"resume={run}",
+            "train.meta_iters=6",
+            "train.checkpoint_every=100",
+            "eval.interval=100",
+        )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from meta-iteration 3 " in resumed.stderr
 
@@ -63,9 +93,11 @@ def test_a_model_folder_on_a_read_only_disk_is_one_line_naming_the_file(tmp_path
     run = tmp_path / "run"
     with read_only(run / "inference_model") as model:
         result = job(tmp_path, tiny_data, run, "train.meta_iters=2", "eval.interval=100")
-    assert_one_line_error(result, f"Read-only file system: {model}/",
-                          f"the run is recorded as FAILED; resume={run} continues from its "
-                          f"latest checkpoint")
+    assert_one_line_error(
+        result,
+        f"Read-only file system: {model}/",
+        f"the run is recorded as FAILED; resume={run} continues from its latest checkpoint",
+    )
     assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
 
 
@@ -74,33 +106,62 @@ def test_a_tracking_store_on_a_full_disk_is_one_line(tmp_path, tiny_data):
     SQLAlchemy's "Query-invoked autoflush" with the SQL MLflow logs before raising)."""
     with small_disk(tmp_path / "disk", 8 * 1024 * 1024) as disk:
         store = f"tracking.uri=sqlite:///{disk / 'mlflow.db'}"
-        first = job(tmp_path, tiny_data, tmp_path / "first", store, "train.meta_iters=1",
-                    "eval.interval=100")
+        first = job(
+            tmp_path,
+            tiny_data,
+            tmp_path / "first",
+            store,
+            "train.meta_iters=1",
+            "eval.interval=100",
+        )
         assert first.returncode == 0, first.stderr[-3000:]
         fill(disk / "filler")
-        result = job(tmp_path, tiny_data, tmp_path / "second", store, "train.meta_iters=1",
-                     "eval.interval=100")
-    assert_one_line_error(result, f"tracking.uri={store[len('tracking.uri='):]}: database or "
-                                  f"disk is full; the run could not be made there")
+        result = job(
+            tmp_path,
+            tiny_data,
+            tmp_path / "second",
+            store,
+            "train.meta_iters=1",
+            "eval.interval=100",
+        )
+    assert_one_line_error(
+        result,
+        f"tracking.uri={store[len('tracking.uri=') :]}: database or "
+        f"disk is full; the run could not be made there",
+    )
     assert "[SQL:" not in result.stderr and "autoflush" not in result.stderr, result.stderr
 
 
 def test_a_new_tracking_store_on_a_disk_too_small_is_one_line_and_leaves_no_half_store(
-        tmp_path, tiny_data):
+    tmp_path, tiny_data
+):
     """MLflow makes a new store in steps (its schema's migrations): a disk that fills among
     them would leave a file no later job can open ("table _alembic_tmp_... already
     exists").  The failed job says why in one line and leaves no file; once the disk has
     room, the next job makes the store (in the empty file left: the lock may be on it)."""
     with small_disk(tmp_path / "disk", 256 * 1024) as disk:
         store = f"sqlite:///{disk / 'mlflow.db'}"
-        result = job(tmp_path, tiny_data, tmp_path / "first", f"tracking.uri={store}",
-                     "train.meta_iters=1", "eval.interval=100")
-        assert_one_line_error(result, f"tracking.uri={store}: cannot open the MLflow store: "
-                                      f"database or disk is full")
+        result = job(
+            tmp_path,
+            tiny_data,
+            tmp_path / "first",
+            f"tracking.uri={store}",
+            "train.meta_iters=1",
+            "eval.interval=100",
+        )
+        assert_one_line_error(
+            result, f"tracking.uri={store}: cannot open the MLflow store: database or disk is full"
+        )
         assert [(f.name, f.stat().st_size) for f in disk.iterdir()] == [("mlflow.db", 0)]
         resize(disk, 16 * 1024 * 1024)
-        second = job(tmp_path, tiny_data, tmp_path / "second", f"tracking.uri={store}",
-                     "train.meta_iters=1", "eval.interval=100")
+        second = job(
+            tmp_path,
+            tiny_data,
+            tmp_path / "second",
+            f"tracking.uri={store}",
+            "train.meta_iters=1",
+            "eval.interval=100",
+        )
         assert second.returncode == 0, second.stderr[-3000:]
         assert run_statuses(disk / "mlflow.db") == ["FINISHED"]
 
@@ -130,7 +191,8 @@ def kspipe_log_metrics(metrics, step):
 
 
 def test_a_tracking_store_whose_disk_fills_mid_run_says_so_once_and_the_run_folder_keeps_all(
-        tmp_path, tiny_data):
+    tmp_path, tiny_data
+):
     """The store's disk fills at the run's first metrics: the job says once that the store
     cannot be written (not once per metric), trains on, keeps every result in its run
     folder, and ends in one line saying the run was not ended in the store."""
@@ -143,20 +205,32 @@ def test_a_tracking_store_whose_disk_fills_mid_run_says_so_once_and_the_run_fold
         store = begun_store(disk)
         env = dict(plugin_env(site), KSPIPE_TEST_FILL=str(disk / "filler"))
         run = tmp_path / "run"
-        result = job(tmp_path, tiny_data, run, f"tracking.uri={store}", "train.meta_iters=6",
-                     "eval.interval=1", env=env)
+        result = job(
+            tmp_path,
+            tiny_data,
+            run,
+            f"tracking.uri={store}",
+            "train.meta_iters=6",
+            "eval.interval=1",
+            env=env,
+        )
     # the database or its artifacts (beside it, on the same disk) refuse first
     full = ("database or disk is full", "No space left on device")
-    assert_one_line_error(result, f"tracking.uri={store}: ",
-                          "; the run was not ended there (it shows RUNNING)")
+    assert_one_line_error(
+        result, f"tracking.uri={store}: ", "; the run was not ended there (it shows RUNNING)"
+    )
     assert any(f"tracking.uri={store}: {reason}" in result.stderr for reason in full)
     assert result.returncode == 2
     said = [line for line in result.stderr.splitlines() if "cannot be written" in line]
     assert len(said) == 1, result.stderr
-    assert any(said[0].startswith(f"kspipe: the MLflow store at {store} cannot be written "
-                                  f"({reason}") for reason in full), said
-    assert said[0].endswith("): the run's metrics and artifacts it refuses are not recorded "
-                            "there (its run folder holds them all)"), said
+    assert any(
+        said[0].startswith(f"kspipe: the MLflow store at {store} cannot be written ({reason}")
+        for reason in full
+    ), said
+    assert said[0].endswith(
+        "): the run's metrics and artifacts it refuses are not recorded "
+        "there (its run folder holds them all)"
+    ), said
     assert "did not record" not in result.stderr and "recorder stopped" not in result.stderr
     metrics = json.loads((run / "metrics.json").read_text())
     assert "test_accuracy" in metrics, metrics

@@ -14,14 +14,20 @@ from kspipe.testing import run_kspipe, tiny_overrides
 def test_processes_asking_at_once_for_one_name_each_get_a_folder(tmp_path):
     name = "outputs/2026-01-01/10-00-00"
     go = tmp_path / "go"
-    ask = ("import os, sys, time\n"
-           "from kspipe.job import new_folder\n"
-           f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
-           f"first = new_folder({name!r})\n"
-           f"assert new_folder({name!r}) == first  # once a process has one, it keeps it\n"
-           "print(first)\n")
-    asking = [subprocess.Popen([sys.executable, "-c", ask], cwd=tmp_path, text=True,
-                               stdout=subprocess.PIPE) for _ in range(4)]
+    ask = (
+        "import os, sys, time\n"
+        "from kspipe.job import new_folder\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        f"first = new_folder({name!r})\n"
+        f"assert new_folder({name!r}) == first  # once a process has one, it keeps it\n"
+        "print(first)\n"
+    )
+    asking = [
+        subprocess.Popen(
+            [sys.executable, "-c", ask], cwd=tmp_path, text=True, stdout=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
     time.sleep(1)  # every process waiting
     go.touch()
     got = sorted(p.communicate(timeout=60)[0].strip() for p in asking)
@@ -42,9 +48,15 @@ def test_a_command_whose_time_is_taken_runs_in_a_folder_of_its_own(tmp_path, tin
         folder.mkdir(parents=True, exist_ok=True)
         taken.add(folder)
     args = [a for a in tiny_overrides(tmp_path, tiny_data) if not a.startswith("run_dir=")]
-    result = run_kspipe("+experiment=omniglot_5way", *args, "train.meta_iters=1",
-                        "eval.tasks=2", "eval.train_tasks=2", "eval.baseline=false",
-                        cwd=tmp_path)
+    result = run_kspipe(
+        "+experiment=omniglot_5way",
+        *args,
+        "train.meta_iters=1",
+        "eval.tasks=2",
+        "eval.train_tasks=2",
+        "eval.baseline=false",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     done = result.stdout.strip().splitlines()[-1]
     run = done.rpartition("(run folder ")[2].rstrip(")")

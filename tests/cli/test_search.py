@@ -18,15 +18,27 @@ from omegaconf import OmegaConf
 from kspipe.testing import Server, invoke, model_server, run_kspipe, tiny_overrides
 from tests.kit import a_test_task, chromium_missing, reference_adaptation
 
-SEARCH = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1",
-          "train.inner_lr=interval(0.0001,0.01)"]
+SEARCH = [
+    "hydra/sweeper=optuna",
+    "hydra.sweeper.n_trials=3",
+    "hydra.sweeper.sampler.seed=1",
+    "train.inner_lr=interval(0.0001,0.01)",
+]
 
 
 def tiny(tmp, data):
     """A tiny Reptile job; jobs share the sweep's process (Reptile leaves nothing behind)."""
-    return ["+experiment=omniglot_5way", "isolate=false", "eval.baseline=false",
-            "eval.interval=0", *[o for o in tiny_overrides(tmp, data) if not o.startswith(
-                ("run_dir=", "eval.interval=", "tracking.model="))]]
+    return [
+        "+experiment=omniglot_5way",
+        "isolate=false",
+        "eval.baseline=false",
+        "eval.interval=0",
+        *[
+            o
+            for o in tiny_overrides(tmp, data)
+            if not o.startswith(("run_dir=", "eval.interval=", "tracking.model="))
+        ],
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +47,10 @@ def search(tmp_path_factory, tiny_data):
     result = run_kspipe("-m", *tiny(tmp, tiny_data), *SEARCH, cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id],
-                              order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [client.get_experiment_by_name("kspipe").experiment_id],
+        order_by=["attributes.start_time ASC"],
+    )
     (parent,) = [r for r in runs if r.data.tags.get("kspipe.sweep") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     return tmp, result, client, parent, children
@@ -50,8 +64,11 @@ def ui(search):
         yield None
         return
     tmp = search[0]
-    server = Server(["server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
-                     "--workers", "1"], "/health", tmp)
+    server = Server(
+        ["server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--workers", "1"],
+        "/health",
+        tmp,
+    )
     try:
         yield server
     finally:
@@ -65,32 +82,48 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
     rates = [float(c.data.params["train.inner_lr"]) for c in children]
     assert len(set(rates)) == 3 and all(0.0001 <= r <= 0.01 for r in rates)
     assert sorted(c.info.run_name for c in children) == sorted(
-        f"train.inner_lr={c.data.params['train.inner_lr']}" for c in children)
+        f"train.inner_lr={c.data.params['train.inner_lr']}" for c in children
+    )
     best = max(children, key=lambda c: c.data.metrics["test_accuracy"])  # first of ties
     assert parent.data.tags["kspipe.best_run"] == best.info.run_id
     best_lr = best.data.params["train.inner_lr"]
     assert parent.data.tags["kspipe.best_job"] == f"train.inner_lr={best_lr}"
-    assert (f"kspipe: best: train.inner_lr={best.data.params['train.inner_lr']}: test_accuracy "
-            f"{best.data.metrics['test_accuracy']:.3f} (run {best.info.run_id})") in result.stderr
+    assert (
+        f"kspipe: best: train.inner_lr={best.data.params['train.inner_lr']}: test_accuracy "
+        f"{best.data.metrics['test_accuracy']:.3f} (run {best.info.run_id})"
+    ) in result.stderr
     table = open(client.download_artifacts(parent.info.run_id, "comparison.csv", str(tmp))).read()
     assert len(table.splitlines()) == 4 and "test_accuracy" in table.splitlines()[0]
-    page = (f"kspipe: runs: mlflow ui --backend-store-uri sqlite:///{tmp / 'mlflow.db'} then "
-            f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}/runs"
-            f"?orderByKey=metrics.%60test_accuracy%60&orderByAsc=false")
+    page = (
+        f"kspipe: runs: mlflow ui --backend-store-uri sqlite:///{tmp / 'mlflow.db'} then "
+        f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}/runs"
+        f"?orderByKey=metrics.%60test_accuracy%60&orderByAsc=false"
+    )
     assert result.stderr.splitlines().count(page) == 1  # once, at the end of the sweep
     (results,) = (tmp / "multirun").glob("*/*/optimization_results.yaml")
     assert OmegaConf.load(results).best_value == max(  # optuna maximised the headline
-        c.data.metrics["test_accuracy"] for c in children)
+        c.data.metrics["test_accuracy"] for c in children
+    )
 
 
-@pytest.mark.parametrize("space, message", [
-    ("hydra/sweeper=nope", "kspipe: error: hydra/sweeper=nope: no such option of hydra/sweeper "
-                           "(available: basic, optuna)"),
-    ("train.inner_lr=interval(0.1)", "kspipe: error: train.inner_lr=interval(0.1): cannot read "
-                                     "it (Error parsing override 'train.inner_lr=interval(0.1)')"),
-])
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        (
+            "hydra/sweeper=nope",
+            "kspipe: error: hydra/sweeper=nope: no such option of hydra/sweeper "
+            "(available: basic, optuna)",
+        ),
+        (
+            "train.inner_lr=interval(0.1)",
+            "kspipe: error: train.inner_lr=interval(0.1): cannot read "
+            "it (Error parsing override 'train.inner_lr=interval(0.1)')",
+        ),
+    ],
+)
 def test_an_unknown_sweeper_or_a_search_space_that_does_not_parse_is_one_line(
-        tmp_path, tiny_data, space, message):
+    tmp_path, tiny_data, space, message
+):
     """What `kspipe -m ... hydra/sweeper=optuna <space>` checks before Hydra starts."""
     from kspipe.cli.checks import check_config
     from kspipe.errors import ConfigError
@@ -109,18 +142,22 @@ def test_the_best_trials_model_serves_few_shot_inference(search):
     task, dataset, cfg = a_test_task(run_dir)
     images = np.concatenate([task.support_x, task.query_x])
     labels = [*task.support_y.tolist(), *[-1] * len(task.query_y)]
-    body = {"dataframe_split": {"columns": ["image", "label"],
-                                "data": [[im.reshape(-1).tolist(), lab]
-                                         for im, lab in zip(images, labels)]},
-            "params": {"seed": 3}}
+    body = {
+        "dataframe_split": {
+            "columns": ["image", "label"],
+            "data": [[im.reshape(-1).tolist(), lab] for im, lab in zip(images, labels)],
+        },
+        "params": {"seed": 3},
+    }
     with model_server(f"sqlite:///{tmp / 'mlflow.db'}", best.info.run_id, tmp) as server:
         logits = reference_adaptation(run_dir, task, dataset, seed=3)  # while it starts
         url = server.ready()
         status, answer = invoke(url, body)
         assert status == 200, answer
         assert invoke(url, body) == (status, answer)  # each request starts from the model
-        bad_status, bad = invoke(url, {"dataframe_split": {"columns": ["image", "label"],
-                                                           "data": [[[0.5] * 784, 0]]}})
+        bad_status, bad = invoke(
+            url, {"dataframe_split": {"columns": ["image", "label"], "data": [[[0.5] * 784, 0]]}}
+        )
     odds = np.exp(logits - logits.max(axis=1, keepdims=True))
     expected = odds / odds.sum(axis=1, keepdims=True)
     served = np.array([p["probabilities"] for p in answer["predictions"]])
@@ -128,7 +165,8 @@ def test_the_best_trials_model_serves_few_shot_inference(search):
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
     assert [p["class"] for p in answer["predictions"]] == expected.argmax(axis=1).tolist()
     assert bad_status == 400 and bad["message"].endswith(
-        "a task needs support images (label 0..ways-1) and at least one query (label -1)")
+        "a task needs support images (label 0..ways-1) and at least one query (label -1)"
+    )
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -144,10 +182,21 @@ def page_text(url: str, wanted: list[str], profile: Path, timeout: float = 120) 
         os.dup2(replies[1], 4)
 
     browser = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
-        pass_fds=(3, 4, commands[0], replies[1]), preexec_fn=as_fds_3_and_4,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ],
+        pass_fds=(3, 4, commands[0], replies[1]),
+        preexec_fn=as_fds_3_and_4,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     os.close(commands[0])
     os.close(replies[1])
     received, numbers = b"", iter(range(1, 1 << 30))
@@ -176,8 +225,9 @@ def page_text(url: str, wanted: list[str], profile: Path, timeout: float = 120) 
         call("Page.navigate", session, url=url)
         deadline = time.monotonic() + timeout
         while True:
-            text = call("Runtime.evaluate", session, expression=script,
-                        returnByValue=True)["result"].get("value", "")
+            text = call("Runtime.evaluate", session, expression=script, returnByValue=True)[
+                "result"
+            ].get("value", "")
             if all(w in text for w in wanted) or time.monotonic() > deadline:
                 return text
             time.sleep(0.5)
@@ -196,10 +246,12 @@ def page_text(url: str, wanted: list[str], profile: Path, timeout: float = 120) 
 @pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 def test_the_runs_page_shows_the_search_in_a_headless_browser(search, ui):
     tmp, result, _, parent, children = search
-    (line,) = [l for l in result.stderr.splitlines() if l.startswith("kspipe: runs: ")]
+    (line,) = [s for s in result.stderr.splitlines() if s.startswith("kspipe: runs: ")]
     page = line.rsplit(" then ", 1)[1]
-    names = [parent.info.run_name.split(" tracking.uri=")[0],  # a long name is cut short
-             *(c.info.run_name for c in children)]
+    names = [
+        parent.info.run_name.split(" tracking.uri=")[0],  # a long name is cut short
+        *(c.info.run_name for c in children),
+    ]
     text = page_text(page.replace("http://127.0.0.1:5000", ui.ready()), names, tmp / "chromium")
     assert text.startswith(f"Runs - Experiment {parent.info.experiment_id} - MLflow")
     for name in names:  # sorted by the headline, the trials are not folded under the parent

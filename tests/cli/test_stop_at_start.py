@@ -25,8 +25,10 @@ def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and int(
-                    (entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+            if (
+                entry.name.isdigit()
+                and int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid
+            ):
                 found.append(int(entry.name))
         except OSError:  # gone meanwhile
             continue
@@ -51,23 +53,37 @@ def paddle_loading(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("moment, then, stop", [
-    (recorder_started, 0.03, signal.SIGINT),
-    (paddle_loading, 0, signal.SIGINT),
-    (paddle_loading, 0, signal.SIGTERM),
-])
+@pytest.mark.parametrize(
+    "moment, then, stop",
+    [
+        (recorder_started, 0.03, signal.SIGINT),
+        (paddle_loading, 0, signal.SIGINT),
+        (paddle_loading, 0, signal.SIGTERM),
+    ],
+)
 def test_a_stop_before_the_job_is_one_line(tmp_path, tiny_data, moment, then, stop):
     mark = f"KSPIPE_TEST_MARK=stop-{moment.__name__}-{stop}-{os.getpid()}"
     command = subprocess.Popen(
-        [sys.executable, "-m", "kspipe", "+experiment=omniglot_5way",
-         *tiny_overrides(tmp_path, tiny_data)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env=dict(os.environ, **dict([mark.split("=", 1)])))
+        [
+            sys.executable,
+            "-m",
+            "kspipe",
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, **dict([mark.split("=", 1)])),
+    )
     try:
         deadline = time.monotonic() + 60
         while not moment(command.pid):
-            assert command.poll() is None and time.monotonic() < deadline, \
+            assert command.poll() is None and time.monotonic() < deadline, (
                 f"never saw {moment.__name__}"
+            )
             time.sleep(0.002)
         time.sleep(then)
         os.killpg(command.pid, stop)
@@ -79,11 +95,12 @@ def test_a_stop_before_the_job_is_one_line(tmp_path, tiny_data, moment, then, st
     assert command.returncode == 128 + stop, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert "FatalError" not in out, out
-    assert out.strip().splitlines()[-1] == \
-        f"kspipe: error: stopped by {stop.name} before the job began", out
+    assert (
+        out.strip().splitlines()[-1]
+        == f"kspipe: error: stopped by {stop.name} before the job began"
+    ), out
     time.sleep(0.5)  # the recorder is killed as the command exits
-    left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-            if marked(pid, mark)]
+    left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if marked(pid, mark)]
     assert left == []
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
@@ -116,8 +133,10 @@ def test_paddles_signal_handlers_are_off_from_its_next_module_on():
         "stopping.install()\n"
         "assert 'paddle' in sys.modules\n"
         "print(len(seen), sorted(caught()) == [signal.SIGINT, signal.SIGTERM],\n"
-        "      signal.getsignal(signal.SIGTERM) is stopping._handle)\n")
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                            timeout=300)
+        "      signal.getsignal(signal.SIGTERM) is stopping._handle)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["0", "True", "True"]

@@ -20,8 +20,10 @@ from tests.kit import stopped_when
 
 
 def sweep_args(tmp_path, data):
-    return ["+experiment=omniglot_5way",
-            *[o for o in tiny_overrides(tmp_path, data) if not o.startswith("run_dir=")]]
+    return [
+        "+experiment=omniglot_5way",
+        *[o for o in tiny_overrides(tmp_path, data) if not o.startswith("run_dir=")],
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,10 @@ def sweep(tmp_path_factory, tiny_data):
 
 def runs(tmp):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
-    found = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id],
-                               order_by=["attributes.start_time ASC"])
+    found = client.search_runs(
+        [client.get_experiment_by_name("kspipe").experiment_id],
+        order_by=["attributes.start_time ASC"],
+    )
     return client, found
 
 
@@ -52,16 +56,26 @@ def test_a_sweep_has_a_parent_run_with_a_child_per_job(sweep):
     assert all(c.info.status == "FINISHED" and "test_accuracy" in c.data.metrics for c in children)
     assert {c.data.tags["kspipe.workload"] for c in children} == {"reptile"}
     assert first.data.tags["kspipe.workload"] == "reptile"
-    assert all({"config.yaml", "logs", "inference_model"} <= {a.path for a in
-               client.list_artifacts(c.info.run_id)} for c in children)
-    assert {"comparison.csv", "comparison.png"} <= {a.path for a in
-                                                    client.list_artifacts(first.info.run_id)}
-    table = Path(client.download_artifacts(first.info.run_id, "comparison.csv",
-                                           str(tmp))).read_text()
+    assert all(
+        {"config.yaml", "logs", "inference_model"}
+        <= {a.path for a in client.list_artifacts(c.info.run_id)}
+        for c in children
+    )
+    assert {"comparison.csv", "comparison.png"} <= {
+        a.path for a in client.list_artifacts(first.info.run_id)
+    }
+    table = Path(
+        client.download_artifacts(first.info.run_id, "comparison.csv", str(tmp))
+    ).read_text()
     assert "workers=1" in table and "workers=2" in table
     header = table.splitlines()[0].split(",")  # the metrics the Reptile workload declares
-    assert header[4:] == ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy",
-                          "train_accuracy", "tasks_per_s"]
+    assert header[4:] == [
+        "test_accuracy",
+        "test_accuracy_ci95",
+        "baseline_test_accuracy",
+        "train_accuracy",
+        "tasks_per_s",
+    ]
 
 
 def test_a_failing_job_fails_its_child_and_the_parent_but_not_the_others(sweep):
@@ -72,8 +86,11 @@ def test_a_failing_job_fails_its_child_and_the_parent_but_not_the_others(sweep):
     assert "Traceback" not in bad.stderr
     _, found = runs(tmp)
     parent = [r for r in found if r.data.tags.get("kspipe.sweep") == "parent"][-1]
-    children = {c.data.params["task.ways"]: c.info.status for c in found
-                if c.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    children = {
+        c.data.params["task.ways"]: c.info.status
+        for c in found
+        if c.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
     assert parent.info.status == "FAILED"
     assert children == {"3": "FINISHED", "30": "FAILED"}
 
@@ -82,12 +99,25 @@ def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path
     """Ctrl-C in a sweep's first job: the job stops at a safe point (KILLED), and so does
     the sweep, whose parent run Hydra would leave RUNNING (it calls no callback then)."""
     sweep_dir = tmp_path / "multi"
-    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", "-m",
-                            *sweep_args(tmp_path, tiny_data), "task.ways=3,4",
-                            "train.meta_iters=100000", "train.checkpoint_every=2",
-                            "eval.interval=0", "eval.baseline=false",
-                            f"hydra.sweep.dir={sweep_dir}"],
-                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "-m",
+            *sweep_args(tmp_path, tiny_data),
+            "task.ways=3,4",
+            "train.meta_iters=100000",
+            "train.checkpoint_every=2",
+            "eval.interval=0",
+            "eval.baseline=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stderr = stopped_when(job, lambda: list(sweep_dir.glob("0/checkpoints/checkpoint-*")), 120)
     assert job.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr, stderr
@@ -100,18 +130,34 @@ def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path
 def test_the_mlflow_ui_serves_the_sweep(sweep):
     tmp, _, _ = sweep
     (port,) = free_ports(1)
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-                               f"sqlite:///{tmp / 'mlflow.db'}", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], cwd=tmp,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True,
-                              env=dict(os.environ, TMPDIR=str(tmp)))  # its lock files
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            f"sqlite:///{tmp / 'mlflow.db'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(tmp)),
+    )  # its lock files
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
 
     def call(path, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(base + path, data=data,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            base + path, data=data, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
 
@@ -124,12 +170,21 @@ def test_the_mlflow_ui_serves_the_sweep(sweep):
             except OSError:
                 assert time.monotonic() < deadline, "the MLflow server did not start"
                 time.sleep(1)
-        found = call("/runs/search", {"experiment_ids": [experiment["experiment_id"]],
-                                      "filter": "tags.kspipe.sweep = 'parent' and "
-                                                "attributes.status = 'FINISHED'"})["runs"]
+        found = call(
+            "/runs/search",
+            {
+                "experiment_ids": [experiment["experiment_id"]],
+                "filter": "tags.kspipe.sweep = 'parent' and attributes.status = 'FINISHED'",
+            },
+        )["runs"]
         parent = found[0]["info"]["run_id"]
-        children = call("/runs/search", {"experiment_ids": [experiment["experiment_id"]],
-                                         "filter": f"tags.mlflow.parentRunId = '{parent}'"})["runs"]
+        children = call(
+            "/runs/search",
+            {
+                "experiment_ids": [experiment["experiment_id"]],
+                "filter": f"tags.mlflow.parentRunId = '{parent}'",
+            },
+        )["runs"]
         assert len(children) == 2
         child = children[0]["info"]["run_id"]
         history = call(f"/metrics/get-history?run_id={child}&metric_key=test_accuracy")
@@ -142,9 +197,15 @@ def test_the_mlflow_ui_serves_the_sweep(sweep):
 
 
 def test_a_sweep_of_the_ctr_workload_compares_auc_and_samples_per_s(tmp_path):
-    result = run_kspipe("-m", "+experiment=ctr_datafeed", "datafeed.threads=1,2", "ctr.epochs=1",
-                    "datafeed.generated.lines_per_file=500",
-                    f"datafeed.generated.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
+    result = run_kspipe(
+        "-m",
+        "+experiment=ctr_datafeed",
+        "datafeed.threads=1,2",
+        "ctr.epochs=1",
+        "datafeed.generated.lines_per_file=500",
+        f"datafeed.generated.cache_dir={tmp_path / 'cache'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     client, found = runs(tmp_path)
     (parent,) = [r for r in found if r.data.tags.get("kspipe.sweep") == "parent"]

@@ -6,9 +6,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kspipe.fewshot.data import (Open_KS_Character, Open_KS_ImageNet, Open_KS_read, Prefetcher,
-                         read_omniglot, sample_task)
 from kspipe.errors import DataError
+from kspipe.fewshot.data import (
+    Open_KS_Character,
+    Open_KS_ImageNet,
+    Open_KS_read,
+    Prefetcher,
+    read_omniglot,
+    sample_task,
+)
 
 
 def write_images(folder, count, size, mode, ext=".png", seed=0):
@@ -16,7 +22,9 @@ def write_images(folder, count, size, mode, ext=".png", seed=0):
     rng = np.random.default_rng(seed)
     shape = (size, size) if mode == "L" else (size, size, 3)
     for i in range(count):
-        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(folder / f"img{i}{ext}")
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(
+            folder / f"img{i}{ext}"
+        )
 
 
 @pytest.fixture
@@ -116,10 +124,13 @@ def test_too_few_images_for_a_task(tmp_path):
         Open_KS_Character(str(tmp_path / "c")).sample(3)
 
 
-@pytest.mark.parametrize("reader", [
-    lambda root: Open_KS_read().read_dataset(root),
-    lambda root: read_omniglot(root, train_characters=1, seed=0),
-])
+@pytest.mark.parametrize(
+    "reader",
+    [
+        lambda root: Open_KS_read().read_dataset(root),
+        lambda root: read_omniglot(root, train_characters=1, seed=0),
+    ],
+)
 def test_missing_or_empty_folder(tmp_path, reader):
     with pytest.raises(DataError, match="missing does not exist"):
         reader(str(tmp_path / "missing"))
@@ -150,7 +161,7 @@ def test_prefetcher_keeps_order_and_raises_errors():
 
 
 def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path, monkeypatch):
-    from kspipe.fewshot.data import decoded_mib, preload_images
+    from kspipe.fewshot.preload import decoded_mib, preload_images
 
     for c in range(3):
         write_images(tmp_path / "images_background" / "alpha" / f"character{c}", 4, 28, "L", seed=c)
@@ -170,7 +181,9 @@ def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path, monkeyp
     for character in train + test:  # every rotation samples from what was decoded
         character.sample(4)
     assert opened == []
-    (tmp_path / "images_background" / "alpha" / "character0" / "img0.png").write_bytes(b"\x89PNG broken")
+    (tmp_path / "images_background" / "alpha" / "character0" / "img0.png").write_bytes(
+        b"\x89PNG broken"
+    )
     fresh, _, more = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     with pytest.raises(DataError, match="cannot read image .*img0.png"):
         preload_images(fresh, more)
@@ -179,7 +192,7 @@ def test_preloading_decodes_each_file_once_and_names_a_bad_one(tmp_path, monkeyp
 def test_a_store_keeps_the_decoded_images_for_the_next_run(tmp_path, monkeypatch):
     """The next read of the same files decodes nothing and samples the same arrays; other
     files (one renamed) are decoded again, never served from the store."""
-    from kspipe.fewshot.data import preload_images
+    from kspipe.fewshot.preload import preload_images
 
     for c in range(3):
         write_images(tmp_path / "images_background" / "alpha" / f"character{c}", 4, 28, "L", seed=c)
@@ -197,8 +210,9 @@ def test_a_store_keeps_the_decoded_images_for_the_next_run(tmp_path, monkeypatch
     again, _, again_test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     assert preload_images(again, again_test, store=store) == 12
     for a, b in zip(first + first_test, again + again_test):
-        np.testing.assert_array_equal(a.sample(4, np.random.default_rng(1)),
-                                      b.sample(4, np.random.default_rng(1)))
+        np.testing.assert_array_equal(
+            a.sample(4, np.random.default_rng(1)), b.sample(4, np.random.default_rng(1))
+        )
     assert opened == []
     folder = tmp_path / "images_background" / "alpha" / "character1"
     (folder / "img0.png").rename(folder / "img9.png")

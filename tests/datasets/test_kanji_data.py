@@ -10,8 +10,10 @@ from kspipe.fewshot.data import read_omniglot
 
 
 def test_parse_strokes_follows_the_pen():
-    svg = ('<path id="s1" d="M10,20c0,0 5,0 10,0"/>'
-           '<path id="s2" d="M30,40C30,40 30,50 30,60s0,10 0,20"/>')
+    svg = (
+        '<path id="s1" d="M10,20c0,0 5,0 10,0"/>'
+        '<path id="s2" d="M30,40C30,40 30,50 30,60s0,10 0,20"/>'
+    )
     first, second = kanji_data.parse_strokes(svg, segments=4)
     np.testing.assert_allclose(first[0], [10, 20])
     np.testing.assert_allclose(first[-1], [20, 20])
@@ -38,31 +40,39 @@ def _digest(root):
 
 
 def test_build_is_deterministic_and_in_omniglot_layout(tmp_path):
-    a = kanji_data.ensure(characters=12, drawers=4, seed=3, cache_dir=str(tmp_path / "a"),
-                          say=lambda m: None)
-    b = kanji_data.ensure(characters=12, drawers=4, seed=3, cache_dir=str(tmp_path / "b"),
-                          say=lambda m: None)
+    a = kanji_data.ensure(
+        characters=12, drawers=4, seed=3, cache_dir=str(tmp_path / "a"), say=lambda m: None
+    )
+    b = kanji_data.ensure(
+        characters=12, drawers=4, seed=3, cache_dir=str(tmp_path / "b"), say=lambda m: None
+    )
     assert _digest(a) == _digest(b)
     pngs = list(a.rglob("*.png"))
     assert len(pngs) == 12 * 4
-    assert all(p.parent.parent.parent.name in ("images_background", "images_evaluation")
-               for p in pngs)
+    assert all(
+        p.parent.parent.parent.name in ("images_background", "images_evaluation") for p in pngs
+    )
     train, _, test = read_omniglot(str(a), train_characters=8, seed=0)
     assert len(train) == 8 * 4 and len(test) == 4
-    other = kanji_data.ensure(characters=12, drawers=4, seed=4, cache_dir=str(tmp_path / "a"),
-                              say=lambda m: None)
+    other = kanji_data.ensure(
+        characters=12, drawers=4, seed=4, cache_dir=str(tmp_path / "a"), say=lambda m: None
+    )
     assert _digest(other) != _digest(a)
 
 
 def test_drawers_differ_but_a_character_stays_recognisable(tmp_path):
-    root = kanji_data.ensure(characters=6, drawers=5, seed=0, cache_dir=str(tmp_path),
-                             say=lambda m: None)
+    root = kanji_data.ensure(
+        characters=6, drawers=5, seed=0, cache_dir=str(tmp_path), say=lambda m: None
+    )
     train, _, test = read_omniglot(str(root), train_characters=5, seed=0, augment=False)
     chars = train + test
     images = [c.sample(5, np.random.default_rng(0)).reshape(5, -1) for c in chars]
-    within = np.mean([np.abs(x[i] - x[j]).mean() for x in images for i in range(5) for j in range(i)])
-    between = np.mean([np.abs(images[a][0] - images[b][0]).mean()
-                       for a in range(len(chars)) for b in range(a)])
+    within = np.mean(
+        [np.abs(x[i] - x[j]).mean() for x in images for i in range(5) for j in range(i)]
+    )
+    between = np.mean(
+        [np.abs(images[a][0] - images[b][0]).mean() for a in range(len(chars)) for b in range(a)]
+    )
     assert within > 0.005  # drawings of one character are not copies
     assert between > within  # but they look more alike than other characters do
 
@@ -80,6 +90,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kanji_data.Drawer, "draw", broken)
     with pytest.raises(RuntimeError):
-        kanji_data.ensure(characters=3, drawers=2, seed=0, cache_dir=str(tmp_path),
-                          say=lambda m: None)
+        kanji_data.ensure(
+            characters=3, drawers=2, seed=0, cache_dir=str(tmp_path), say=lambda m: None
+        )
     assert list(tmp_path.iterdir()) == []

@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_MD = ROOT / "docs" / "plugins.md"
 DESIGN_MD = ROOT / "docs" / "design.md"
 
-HOOKS = {name: fn for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-         if name.startswith("kspipe_")}
+HOOKS = {
+    name: fn
+    for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+    if name.startswith("kspipe_")
+}
 
 #: The package folders the design map must name (the check below also finds new ones).
 FOLDERS = ("modes", "reptile", "ctr", "datafeed", "fewshot", "observers", "openks", "testing")
@@ -34,14 +37,16 @@ def test_the_spec_has_hooks():
 @pytest.mark.parametrize("name", sorted(HOOKS))
 def test_every_hook_is_in_the_plugin_guide_with_its_signature(name):
     assert f"`{signature(name)}`" in PLUGINS_MD.read_text(), (
-        f"docs/plugins.md should name the hook as `{signature(name)}`")
+        f"docs/plugins.md should name the hook as `{signature(name)}`"
+    )
 
 
 def named_hooks(text: str) -> set[str]:
     """Hooks a document names: a code span that starts with ``kspipe_<name>`` followed by
     its closing backtick or its arguments, or ``def kspipe_<name>(`` in a code block."""
-    return (set(re.findall(r"`(kspipe_\w+)[`(]", text))
-            | set(re.findall(r"\bdef (kspipe_\w+)\(", text)))
+    return set(re.findall(r"`(kspipe_\w+)[`(]", text)) | set(
+        re.findall(r"\bdef (kspipe_\w+)\(", text)
+    )
 
 
 #: The guide's example of a misspelt hook name, which kspipe refuses at start-up.
@@ -53,7 +58,9 @@ def test_every_hook_the_plugin_guide_names_exists():
     assert f"misspelt hook name (`{MISSPELT_EXAMPLE}`)" in text
     named = named_hooks(text) - {MISSPELT_EXAMPLE}
     assert named, "no hook found in docs/plugins.md"
-    assert not named - set(HOOKS), f"docs/plugins.md names hooks that do not exist: {named - set(HOOKS)}"
+    assert not named - set(HOOKS), (
+        f"docs/plugins.md names hooks that do not exist: {named - set(HOOKS)}"
+    )
 
 
 def test_the_plugin_guide_gives_each_hook_one_signature():
@@ -62,12 +69,14 @@ def test_the_plugin_guide_gives_each_hook_one_signature():
     for name in HOOKS:
         for args in re.findall(rf"`{name}\(([^)`]*)\)`", text):
             assert f"{name}({args})" == signature(name), (
-                f"docs/plugins.md writes `{name}({args})`; the spec is `{signature(name)}`")
+                f"docs/plugins.md writes `{name}({args})`; the spec is `{signature(name)}`"
+            )
 
 
 def package_folders() -> set[str]:
-    return {p.parent.name for p in (ROOT / "kspipe").glob("*/*.py")
-            if p.parent.name != "__pycache__"}
+    return {
+        p.parent.name for p in (ROOT / "kspipe").glob("*/*.py") if p.parent.name != "__pycache__"
+    }
 
 
 def test_the_design_map_names_every_package_folder():
@@ -106,8 +115,10 @@ HELPER = re.compile(r"`(kspipe(?:\.\w+)+)\.(\w+)\(((?:[^()`]|\([^()`]*\))*)\)`")
 
 def helpers_named(text: str) -> dict:
     """``{"kspipe.mod.name": [written parameter, ...]}`` of the guide's helper spans."""
-    return {f"{module}.{name}": [a.strip() for a in args.split(",") if a.strip()]
-            for module, name, args in HELPER.findall(text)}
+    return {
+        f"{module}.{name}": [a.strip() for a in args.split(",") if a.strip()]
+        for module, name, args in HELPER.findall(text)
+    }
 
 
 def written(parameter) -> str:
@@ -117,8 +128,11 @@ def written(parameter) -> str:
     if parameter.default is parameter.empty:
         return parameter.name
     default = parameter.default
-    return f"{parameter.name}={default!r}".replace("'", '"') if isinstance(default, str) \
+    return (
+        f"{parameter.name}={default!r}".replace("'", '"')
+        if isinstance(default, str)
         else f"{parameter.name}={default}"
+    )
 
 
 def test_every_helper_in_the_plugin_guide_has_its_signature():
@@ -140,12 +154,16 @@ def test_the_helpers_the_example_plugins_use_are_in_the_plugin_guide():
     import importlib
 
     documented = set(helpers_named(PLUGINS_MD.read_text()))
-    sources = [*(ROOT / "plugins").glob("*/*/*.py"), *(ROOT / "plugins").glob("*/tests/*.py"),
-               *(ROOT / "tests" / "plugins").glob("*/kspipe_*/*.py")]
+    sources = [
+        *(ROOT / "plugins").glob("*/*/*.py"),
+        *(ROOT / "plugins").glob("*/tests/*.py"),
+        *(ROOT / "tests" / "plugins").glob("*/kspipe_*/*.py"),
+    ]
     used = set()
     for source in sources:
-        for module, names in re.findall(r"^\s*from (kspipe(?:\.\w+)*) import ([\w, ]+)$",
-                                        source.read_text(), re.M):
+        for module, names in re.findall(
+            r"^\s*from (kspipe(?:\.\w+)*) import ([\w, ]+)$", source.read_text(), re.M
+        ):
             for name in (n.strip() for n in names.split(",")):
                 if inspect.isfunction(getattr(importlib.import_module(module), name, None)):
                     used.add(f"{module}.{name}")

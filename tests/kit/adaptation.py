@@ -38,10 +38,21 @@ def reference_adaptation(run_dir: Path, task, dataset, seed: int):
     cfg = OmegaConf.load(run_dir / "inference_model" / "kspipe_config.yaml")
     programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
     programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-    learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), None)
+    learner = ReptileLearner(
+        cfg,
+        dataset,
+        programs,
+        paddle.static.Executor(paddle.CPUPlace()),
+        paddle.static.Scope(),
+        None,
+    )
     learner.initialize()
     learner.load_checkpoint(str(run_dir), "evaluate")
-    learner.adapt(nchw(task.support_x), task.support_y, cfg.eval.inner_batch,
-                  cfg.eval.inner_iters, np.random.default_rng(seed))
+    learner.adapt(
+        nchw(task.support_x),
+        task.support_y,
+        cfg.eval.inner_batch,
+        cfg.eval.inner_iters,
+        np.random.default_rng(seed),
+    )
     return learner.query_logits(nchw(task.support_x), nchw(task.query_x))

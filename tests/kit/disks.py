@@ -33,8 +33,12 @@ def mounts_missing() -> str | None:
 def small_disk(folder: Path, size: int):
     """``folder`` (made) is a tmpfs of ``size`` bytes while the block runs."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     try:
         yield folder
     finally:
@@ -54,8 +58,12 @@ def fill(path: Path) -> None:
 
 def resize(folder: Path, size: int) -> None:
     """Make the tmpfs of :func:`small_disk` at ``folder`` ``size`` bytes, its files kept."""
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["mount", "-o", f"remount,size={size}", str(folder)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 @contextmanager
@@ -77,5 +85,4 @@ PAGE = 4096
 def disk_size(folder: Path) -> int:
     """The bytes ``folder``'s files would take on a tmpfs: each file's bytes in whole
     pages (what a file system of its own, compressing or inlining, says is no guide)."""
-    return sum(-(-f.stat().st_size // PAGE) * PAGE for f in Path(folder).rglob("*")
-               if f.is_file())
+    return sum(-(-f.stat().st_size // PAGE) * PAGE for f in Path(folder).rglob("*") if f.is_file())

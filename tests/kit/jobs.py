@@ -19,9 +19,11 @@ SCHEDULED_COLLECTIVE = ["mode=collective", "workers=2"]
 def scheduled_overrides(tmp_path: Path, data_root: Path) -> list[str]:
     """The tiny Reptile job of :data:`SCHEDULED_JOB`, without a run folder (the processes
     that a scheduler starts find theirs)."""
-    return ["+experiment=omniglot_5way",
-            *[o for o in tiny_overrides(tmp_path, data_root) if not o.startswith("run_dir=")],
-            *SCHEDULED_JOB]
+    return [
+        "+experiment=omniglot_5way",
+        *[o for o in tiny_overrides(tmp_path, data_root) if not o.startswith("run_dir=")],
+        *SCHEDULED_JOB,
+    ]
 
 
 def latest_weights(run_dir: Path) -> dict:
@@ -42,9 +44,15 @@ def ctr_overrides(tmp_path: Path, *overrides) -> list[str]:
     """The small ctr job (``+experiment=ctr_datafeed``, 3 epochs of generated files cached
     under ``tmp_path``), writing into ``tmp_path/run`` and the MLflow store
     ``tmp_path/mlflow.db`` (:func:`kspipe.testing.begun_store`); ``overrides`` last."""
-    return ["+experiment=ctr_datafeed", f"run_dir={tmp_path / 'run'}",
-            f"tracking.uri={begun_store(tmp_path)}",
-            f"datafeed.generated.cache_dir={tmp_path / 'cache'}",
-            "datafeed.generated.train_files=4", "datafeed.generated.test_files=1",
-            f"datafeed.generated.lines_per_file={CTR_LINES}", "ctr.epochs=3",
-            "datafeed.print_period_s=0.2", *overrides]
+    return [
+        "+experiment=ctr_datafeed",
+        f"run_dir={tmp_path / 'run'}",
+        f"tracking.uri={begun_store(tmp_path)}",
+        f"datafeed.generated.cache_dir={tmp_path / 'cache'}",
+        "datafeed.generated.train_files=4",
+        "datafeed.generated.test_files=1",
+        f"datafeed.generated.lines_per_file={CTR_LINES}",
+        "ctr.epochs=3",
+        "datafeed.print_period_s=0.2",
+        *overrides,
+    ]

@@ -14,8 +14,9 @@ import time
 def job_processes(run_dir) -> list[int]:
     """The processes of the job whose run folder is ``run_dir`` that are still running
     (every role kspipe's launchers start runs ``kspipe.cli.worker <run_dir>``)."""
-    out = subprocess.run(["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True,
-                         text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True, text=True
+    ).stdout.split()
     return [int(pid) for pid in out if int(pid) != os.getpid()]
 
 

@@ -29,8 +29,11 @@ def chromium_missing() -> str | None:
 def must_work_here() -> bool:
     """Whether this machine is one where Slurm, Chromium and mounted disks must work: root,
     on Debian with apt (the README's set-up, which ``.ci/run`` installs)."""
-    return (os.geteuid() == 0 and shutil.which("apt-get") is not None
-            and Path("/etc/debian_version").exists())
+    return (
+        os.geteuid() == 0
+        and shutil.which("apt-get") is not None
+        and Path("/etc/debian_version").exists()
+    )
 
 
 @functools.cache
@@ -39,6 +42,9 @@ def missing_here() -> dict[str, str]:
     is missing (the reason its tests are skipped with)."""
     if not must_work_here():
         return {}
-    why = {"Slurm": slurm_missing(), "Chromium": chromium_missing(),
-           "a mountable disk": mounts_missing()}
+    why = {
+        "Slurm": slurm_missing(),
+        "Chromium": chromium_missing(),
+        "a mountable disk": mounts_missing(),
+    }
     return {name: reason for name, reason in why.items() if reason}

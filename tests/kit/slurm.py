@@ -36,8 +36,9 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubs
 #: One node: this host, 8 CPUs.  Several: nodes ``node1``, ``node2`` ... of 4 CPUs each, all
 #: this host, each its own slurmd at a loopback address of its own (127.0.0.<i>).
 ONE_NODE = "NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN"
-NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.{number} Port={port} CPUs=4 "
-        "State=UNKNOWN")
+NODE = (
+    "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.{number} Port={port} CPUs=4 State=UNKNOWN"
+)
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo", "scontrol")
 
 
@@ -73,40 +74,61 @@ def local_slurm(folder: Path, nodes: int = 1):
     host = socket.gethostname()
     ctld_port, slurmd_port, *ports = free_ports(2 + nodes)
     names = [host] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
-    lines = [ONE_NODE.format(host=host)] if nodes == 1 else [
-        NODE.format(name=name, host=host, number=i + 1, port=port)
-        for i, (name, port) in enumerate(zip(names, ports))]
+    lines = (
+        [ONE_NODE.format(host=host)]
+        if nodes == 1
+        else [
+            NODE.format(name=name, host=host, number=i + 1, port=port)
+            for i, (name, port) in enumerate(zip(names, ports))
+        ]
+    )
     conf = folder / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=host, folder=folder, ctld_port=ctld_port,
-                                      slurmd_port=slurmd_port, nodes="\n".join(lines),
-                                      names=",".join(names)))
+    conf.write_text(
+        SLURM_CONF.format(
+            host=host,
+            folder=folder,
+            ctld_port=ctld_port,
+            slurmd_port=slurmd_port,
+            nodes="\n".join(lines),
+            names=",".join(names),
+        )
+    )
     env = {"SLURM_CONF": str(conf)}
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     munge_pid = folder / "munged.pid"
     try:
         if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
-            subprocess.run(["munged", "--force", f"--pid-file={munge_pid}"], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["munged", "--force", f"--pid-file={munge_pid}"], check=True, capture_output=True
+            )
         subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True)
         for name in names:
-            subprocess.run(["slurmd", "-f", str(conf), "-N", name], check=True,
-                           capture_output=True)
+            subprocess.run(["slurmd", "-f", str(conf), "-N", name], check=True, capture_output=True)
         deadline = time.monotonic() + 60
         while True:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=dict(os.environ, **env),
-                                   capture_output=True, text=True).stdout.strip()
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%t"],
+                env=dict(os.environ, **env),
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             if state == "idle":
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Slurm did not come up (sinfo: {state!r}); "
-                                   f"logs in {folder}")
+                raise RuntimeError(
+                    f"the local Slurm did not come up (sinfo: {state!r}); logs in {folder}"
+                )
             time.sleep(0.5)
         yield env
     finally:
-        subprocess.run(["scancel", "--full", "--user=root"], env=dict(os.environ, **env),
-                       capture_output=True)
-        for pid_file in [*(folder / f"slurmd-{name}.pid" for name in names),
-                         folder / "slurmctld.pid", munge_pid]:
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=dict(os.environ, **env), capture_output=True
+        )
+        for pid_file in [
+            *(folder / f"slurmd-{name}.pid" for name in names),
+            folder / "slurmctld.pid",
+            munge_pid,
+        ]:
             stop_daemon(pid_file)
 
 

@@ -23,9 +23,20 @@ TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 def launch(tmp: Path, data: Path, *overrides) -> Path:
     """The scheduled job with ``overrides`` run by kspipe's own launcher in ``tmp/run``."""
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp, data),
-                             *overrides, f"run_dir={tmp / 'run'}"],
-                            cwd=tmp, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp, data),
+            *overrides,
+            f"run_dir={tmp / 'run'}",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp / "run"
 
@@ -41,16 +52,21 @@ def launched(tmp_path_factory, tiny_data):
 def launched_collective(tmp_path_factory, tiny_data):
     """The scheduled job's collective form (``SCHEDULED_COLLECTIVE``) trained by kspipe's
     own launcher: the reference weights of its other launchers."""
-    return latest_weights(launch(tmp_path_factory.mktemp("launched-collective"), tiny_data,
-                                 *SCHEDULED_COLLECTIVE))
+    return latest_weights(
+        launch(tmp_path_factory.mktemp("launched-collective"), tiny_data, *SCHEDULED_COLLECTIVE)
+    )
 
 
 #: The scheduled job made long enough to stop midway: 40 meta-iterations, a checkpoint every
 #: 4 (all kept), no evaluation before the last.
 LONG_ITERATIONS, LONG_EVERY = 40, 4
-LONG = [f"train.meta_iters={LONG_ITERATIONS}", f"train.checkpoint_every={LONG_EVERY}",
-        f"train.keep_checkpoints={LONG_ITERATIONS // LONG_EVERY}", "eval.interval=0",
-        "eval.baseline=false"]
+LONG = [
+    f"train.meta_iters={LONG_ITERATIONS}",
+    f"train.checkpoint_every={LONG_EVERY}",
+    f"train.keep_checkpoints={LONG_ITERATIONS // LONG_EVERY}",
+    "eval.interval=0",
+    "eval.baseline=false",
+]
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +76,12 @@ def launched_long(tmp_path_factory, tiny_data):
     launcher; ``.weights``: its final checkpoint's, which the same job stopped and resumed
     (SIGTERM, a requeued Slurm job) must reach."""
     run = launch(tmp_path_factory.mktemp("launched-long"), tiny_data, *LONG)
-    return SimpleNamespace(overrides=list(LONG), iterations=LONG_ITERATIONS, every=LONG_EVERY,
-                           weights=latest_weights(run))
+    return SimpleNamespace(
+        overrides=list(LONG),
+        iterations=LONG_ITERATIONS,
+        every=LONG_EVERY,
+        weights=latest_weights(run),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -87,8 +107,14 @@ def bags_run(bags_env, tmp_path_factory):
         else:
             folder = tmp_path_factory.mktemp(name)
             folders[name] = folder / "run"
-            result = run_kspipe("+experiment=bags", "tracking.enabled=false", *overrides,
-                                f"run_dir={folder / 'run'}", cwd=folder, env=bags_env)
+            result = run_kspipe(
+                "+experiment=bags",
+                "tracking.enabled=false",
+                *overrides,
+                f"run_dir={folder / 'run'}",
+                cwd=folder,
+                env=bags_env,
+            )
             assert result.returncode == 0, (name, result.stderr[-3000:])
             metrics = json.loads((folder / "run" / "metrics.json").read_text())
             done[name] = overrides, (metrics, dict(np.load(folder / "run" / "params.npz")))

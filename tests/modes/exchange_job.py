@@ -21,8 +21,11 @@ from kspipe.modes.role import read_vars, write_vars
 from kspipe.testing import QuietReporter
 
 SHAPES = {"shared": [4], "own": [2, 3], "third": [5]}  # several tables to spread
-START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
-         "third": np.full(5, 7.0, np.float32)}
+START = {
+    "shared": np.arange(4, dtype=np.float32),
+    "own": np.zeros((2, 3), np.float32),
+    "third": np.full(5, 7.0, np.float32),
+}
 
 
 def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = True) -> None:
@@ -65,5 +68,10 @@ def as_lists(values: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
-         len(sys.argv) < 6 or sys.argv[5] == "1")
+    main(
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        len(sys.argv) < 6 or sys.argv[5] == "1",
+    )

@@ -44,16 +44,19 @@ def reference(cfg, iterations):
     for w in range(2):
         programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
         programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-        learner = ReptileLearner(cfg, dataset, programs, exe, paddle.static.Scope(),
-                                 QuietReporter(), Worker(w))
+        learner = ReptileLearner(
+            cfg, dataset, programs, exe, paddle.static.Scope(), QuietReporter(), Worker(w)
+        )
         learner.initialize()
         learners.append(learner)
     names = learners[0].p.params
     for step in range(iterations // 2):
         for w, learner in enumerate(learners):
             learner.meta_iteration(2 * step + w, learner.train_tasks(2 * step + w))
-        mean = {n: (learners[0].values([n])[0] + learners[1].values([n])[0]) * np.float32(0.5)
-                for n in names}
+        mean = {
+            n: (learners[0].values([n])[0] + learners[1].values([n])[0]) * np.float32(0.5)
+            for n in names
+        }
         for learner in learners:
             for name, value in mean.items():
                 learner.scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
@@ -72,8 +75,15 @@ def reference_alone(cfg, iterations):
     dataset = open_ks.kspipe_read_dataset(cfg=cfg, role=Role())
     programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
     programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-    learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), QuietReporter(), Worker(0))
+    learner = ReptileLearner(
+        cfg,
+        dataset,
+        programs,
+        paddle.static.Executor(paddle.CPUPlace()),
+        paddle.static.Scope(),
+        QuietReporter(),
+        Worker(0),
+    )
     learner.initialize()
     for iteration in range(0, iterations, 2):
         learner.meta_iteration(iteration, learner.train_tasks(iteration))
@@ -82,11 +92,19 @@ def reference_alone(cfg, iterations):
 
 def test_collective_workers_end_with_the_one_process_reference(tmp_path, tiny_data):
     iterations = 6
-    common = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-              f"train.meta_iters={iterations}", "train.checkpoint_every=100",
-              "eval.baseline=false", "eval.interval=0", "tracking.enabled=false"]
-    metrics = run(compose_config([*common, "mode=collective", "workers=2",
-                                  "cluster.timeout_s=300"]), plugin_manager())
+    common = [
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, tiny_data),
+        f"train.meta_iters={iterations}",
+        "train.checkpoint_every=100",
+        "eval.baseline=false",
+        "eval.interval=0",
+        "tracking.enabled=false",
+    ]
+    metrics = run(
+        compose_config([*common, "mode=collective", "workers=2", "cluster.timeout_s=300"]),
+        plugin_manager(),
+    )
     assert metrics["worker0/tasks_per_s"] > 0 and metrics["worker1/tasks_per_s"] > 0
     # the first worker's checkpoint after its last meta-iteration holds the shared theta
     (saved,) = glob.glob(str(tmp_path / "run" / "checkpoints" / "checkpoint-*" / "state.pdparams"))
@@ -100,13 +118,22 @@ def test_collective_workers_end_with_the_one_process_reference(tmp_path, tiny_da
     assert max(np.abs(alone[n] - expected[n]).max() for n in expected) > 1e-3
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["devices=[0,1]"], "this Paddle is a CPU build, so NCCL is not available"),
-    (["devices='0'"], "this Paddle is a CPU build"),
-    (["workers=0"], "workers=0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["devices=[0,1]"], "this Paddle is a CPU build, so NCCL is not available"),
+        (["devices='0'"], "this Paddle is a CPU build"),
+        (["workers=0"], "workers=0 must be at least 1"),
+    ],
+)
 def test_bad_collective_settings(tmp_path, tiny_data, overrides, message):
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "mode=collective", *overrides])
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "mode=collective",
+            *overrides,
+        ]
+    )
     with pytest.raises(ConfigError, match=message):
         run(cfg, plugin_manager())

@@ -33,8 +33,13 @@ def tracked(train, tmp_path_factory):
     off): the store, and the run's metrics and parameters."""
     folder = tmp_path_factory.mktemp("tracked-store")
     return folder / "mlflow.db", train(
-        "sync-fixed-tracked", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync",
-        "tracking.enabled=true", f"tracking.uri={testing.begun_store(folder)}")
+        "sync-fixed-tracked",
+        "bags.ids=fixed",
+        *PSERVER,
+        "cluster.strategy=sync",
+        "tracking.enabled=true",
+        f"tracking.uri={testing.begun_store(folder)}",
+    )
 
 
 def test_a_cluster_run_of_a_workload_that_exports_no_model_is_recorded(train, tracked):
@@ -80,8 +85,14 @@ def test_async_and_geo_train_the_model(train, strategy, step):
     """Async applies each worker's whole step (two workers: twice local's step per batch,
     hence half the learning rate); geo, their mean every k_steps."""
     local, _ = train("local-fixed", "bags.ids=fixed")
-    cluster, _ = train(strategy, "bags.ids=fixed", *PSERVER, f"cluster.strategy={strategy}",
-                       "cluster.k_steps=4", f"bags.learning_rate={step}")
+    cluster, _ = train(
+        strategy,
+        "bags.ids=fixed",
+        *PSERVER,
+        f"cluster.strategy={strategy}",
+        "cluster.k_steps=4",
+        f"bags.learning_rate={step}",
+    )
     assert cluster["test_r2"] > local["test_r2"] - 0.02, (cluster, local)
 
 
@@ -89,13 +100,23 @@ def test_a_model_moves_between_one_process_and_the_servers(train):
     """init_from with a workload of its own: a sync cluster's model (its table on the
     servers) starts a one-process run, and a one-process model a cluster's, unchanged."""
     _, cluster_params = train("sync-fixed", "bags.ids=fixed", *PSERVER, "cluster.strategy=sync")
-    _, params = train("from-cluster", "bags.ids=fixed", "bags.epochs=0",
-                      f"init_from={train.folders['sync-fixed']}")
+    _, params = train(
+        "from-cluster",
+        "bags.ids=fixed",
+        "bags.epochs=0",
+        f"init_from={train.folders['sync-fixed']}",
+    )
     for name, value in cluster_params.items():
         np.testing.assert_array_equal(params[name], value)
     local, local_params = train("local-fixed", "bags.ids=fixed")
-    again, params = train("from-local", "bags.ids=fixed", *PSERVER, "cluster.strategy=async",
-                          "bags.epochs=0", f"init_from={train.folders['local-fixed']}")
+    again, params = train(
+        "from-local",
+        "bags.ids=fixed",
+        *PSERVER,
+        "cluster.strategy=async",
+        "bags.epochs=0",
+        f"init_from={train.folders['local-fixed']}",
+    )
     for name, value in local_params.items():
         np.testing.assert_array_equal(params[name], value)
     assert again["test_r2"] == pytest.approx(local["test_r2"], abs=1e-6)

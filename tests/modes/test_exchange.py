@@ -17,15 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.launchers.watcher import Cluster
 from kspipe.cluster.plan import launch_plan
+from kspipe.launchers.watcher import Cluster
 from kspipe.pipeline import run
 from kspipe.testing import compose_config, plugin_manager, tiny_overrides
 from tests.kit import latest_weights, overloaded
 
 JOB = Path(__file__).with_name("exchange_job.py")
-START = {"shared": np.arange(4, dtype=np.float32), "own": np.zeros((2, 3), np.float32),
-         "third": np.full(5, 7.0, np.float32)}
+START = {
+    "shared": np.arange(4, dtype=np.float32),
+    "own": np.zeros((2, 3), np.float32),
+    "third": np.full(5, 7.0, np.float32),
+}
 
 
 def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
@@ -35,9 +38,20 @@ def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
     plan = launch_plan("pserver", 2, servers, threads=1)
     try:
         for p in plan:
-            cluster.start(p.role, p.index, p.env,
-                          [sys.executable, str(JOB), strategy, str(k_steps), str(rounds), str(out),
-                          str(int(wait_push))])
+            cluster.start(
+                p.role,
+                p.index,
+                p.env,
+                [
+                    sys.executable,
+                    str(JOB),
+                    strategy,
+                    str(k_steps),
+                    str(rounds),
+                    str(out),
+                    str(int(wait_push)),
+                ],
+            )
         cluster.wait(timeout_s=120)
     finally:
         cluster.stop()
@@ -53,12 +67,14 @@ def servers_after(round_, k_steps, scale):
 
 def assert_holds(actual: dict, expected: dict, what: str):
     for name, value in expected.items():
-        np.testing.assert_array_equal(np.asarray(actual[name], np.float32), value,
-                                      err_msg=f"{what}: {name}")
+        np.testing.assert_array_equal(
+            np.asarray(actual[name], np.float32), value, err_msg=f"{what}: {name}"
+        )
 
 
-@pytest.mark.parametrize("strategy, k_steps, servers", [
-    ("sync", 1, 1), ("async", 1, 1), ("geo", 3, 2)])  # sync on 2 servers: the overloaded test
+@pytest.mark.parametrize(
+    "strategy, k_steps, servers", [("sync", 1, 1), ("async", 1, 1), ("geo", 3, 2)]
+)  # sync on 2 servers: the overloaded test
 def test_strategy_arithmetic(tmp_path, strategy, k_steps, servers):
     rounds = 3
     records = exchange_job(tmp_path, strategy, k_steps, rounds, servers)
@@ -120,37 +136,58 @@ def test_layout_puts_push_counts_first_in_every_part_a_server_applies():
     part begins with the workers' counts, apart from every weight."""
     from kspipe.modes.ps.dense import SERVER_PARTS, Layout
 
-    for weights, workers, servers in [(1, 1, 1), (3, 4, 2), (10, 2, 3), (112451, 8, 5),
-                                      (0, 3, 7), (17, 1, 16), (1001, 2, 2)]:
+    for weights, workers, servers in [
+        (1, 1, 1),
+        (3, 4, 2),
+        (10, 2, 3),
+        (112451, 8, 5),
+        (0, 3, 7),
+        (17, 1, 16),
+        (1001, 2, 2),
+    ]:
         layout = Layout({"a": [weights]}, workers, servers)
         per = layout.size // servers + 1
         for s in range(servers):
             length = min((s + 1) * per, layout.size) - s * per
-            sizes = [length // SERVER_PARTS + (p < length % SERVER_PARTS)
-                     for p in range(SERVER_PARTS)]
+            sizes = [
+                length // SERVER_PARTS + (p < length % SERVER_PARTS) for p in range(SERVER_PARTS)
+            ]
             for p in range(SERVER_PARTS):
                 start = s * per + sum(sizes[:p])
-                assert list(layout.counts[:, s * SERVER_PARTS + p]) == list(
-                    range(start, start + workers)) and sizes[p] >= workers
+                assert (
+                    list(layout.counts[:, s * SERVER_PARTS + p])
+                    == list(range(start, start + workers))
+                    and sizes[p] >= workers
+                )
         assert not set(layout.counts.ravel()) & set(layout.weights)
         assert len(set(layout.weights)) == weights
         flat = np.arange(layout.size, dtype=np.float32)
         values = layout.split(flat)["a"]
-        np.testing.assert_array_equal(layout.split(layout.join({"a": values + 1}, flat))["a"],
-                                      values + 1)
+        np.testing.assert_array_equal(
+            layout.split(layout.join({"a": values + 1}, flat))["a"], values + 1
+        )
 
 
 @pytest.fixture(scope="module")
 def sync_common(tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("sync")
-    return [*tiny_overrides(tmp, tiny_data), "train.inner_optimizer=sgd", "train.inner_lr=0.05",
-            "train.inner_iters=3", "train.checkpoint_every=0", "eval.baseline=false",
-            "eval.interval=0", "tracking.enabled=false", "model.filters=8"]
+    return [
+        *tiny_overrides(tmp, tiny_data),
+        "train.inner_optimizer=sgd",
+        "train.inner_lr=0.05",
+        "train.inner_iters=3",
+        "train.checkpoint_every=0",
+        "eval.baseline=false",
+        "eval.interval=0",
+        "tracking.enabled=false",
+        "model.filters=8",
+    ]
 
 
 def reptile_run(tmp_path, common, name, *overrides):
-    cfg = compose_config(["+experiment=omniglot_5way", *common,
-                          f"run_dir={tmp_path / name}", *overrides])
+    cfg = compose_config(
+        ["+experiment=omniglot_5way", *common, f"run_dir={tmp_path / name}", *overrides]
+    )
     metrics = run(cfg, plugin_manager())
     return metrics, latest_weights(tmp_path / name)
 
@@ -172,16 +209,27 @@ def alone(tmp_path_factory, sync_common):
 
 
 @pytest.mark.parametrize("servers", [1, 2])
-def test_sync_reptile_equals_one_process_over_the_workers_tasks(tmp_path, sync_common,
-                                                                one_process, alone, servers):
-    metrics, cluster = reptile_run(tmp_path, sync_common, "cluster", "train.meta_batch=2",
-                                   "train.meta_iters=6", "mode=pserver", "workers=2",
-                                   f"servers={servers}", "cluster.strategy=sync",
-                                   "cluster.timeout_s=300")
+def test_sync_reptile_equals_one_process_over_the_workers_tasks(
+    tmp_path, sync_common, one_process, alone, servers
+):
+    metrics, cluster = reptile_run(
+        tmp_path,
+        sync_common,
+        "cluster",
+        "train.meta_batch=2",
+        "train.meta_iters=6",
+        "mode=pserver",
+        "workers=2",
+        f"servers={servers}",
+        "cluster.strategy=sync",
+        "cluster.timeout_s=300",
+    )
     for name, value in one_process.items():
         if not name.endswith((".mean", ".var")):  # batch norm's running statistics stay local
             np.testing.assert_allclose(cluster[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
     # each worker's 2 tasks alone would end elsewhere: the comparison can tell
-    assert max(np.abs(alone[n] - one_process[n]).max() for n in one_process
-               if n.startswith("conv")) > 1e-3
+    assert (
+        max(np.abs(alone[n] - one_process[n]).max() for n in one_process if n.startswith("conv"))
+        > 1e-3
+    )
     assert metrics["tasks_per_s"] > 0 and metrics["worker1/tasks_per_s"] > 0

@@ -24,8 +24,9 @@ def free_base(span: int = 8) -> int:
         s.bind((HOST_A, 0))
         base = s.getsockname()[1]
         s.close()
-        if base + span < 65535 and all(free(h, base + i) for h in (HOST_A, HOST_B)
-                                       for i in range(span)):
+        if base + span < 65535 and all(
+            free(h, base + i) for h in (HOST_A, HOST_B) for i in range(span)
+        ):
             return base
     raise RuntimeError("no free port range")
 
@@ -42,12 +43,25 @@ def free(host, port) -> bool:
 
 
 def launch(tmp_path, data, host, base, *extra):
-    args = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, data),
-            f"run_dir={tmp_path / host}", "mode=pserver", "cluster.strategy=sync",
-            f"servers=[{HOST_A}:{base}]", f"workers=[{HOST_A}:{base + 3},{HOST_B}:{base + 6}]",
-            f"cluster.host={host}", "cluster.timeout_s=300", *extra]
-    return subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, data),
+        f"run_dir={tmp_path / host}",
+        "mode=pserver",
+        "cluster.strategy=sync",
+        f"servers=[{HOST_A}:{base}]",
+        f"workers=[{HOST_A}:{base + 3},{HOST_B}:{base + 6}]",
+        f"cluster.host={host}",
+        "cluster.timeout_s=300",
+        *extra,
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cli.command", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_two_hosts_finish_with_one_run(tmp_path, tiny_data):

@@ -41,12 +41,21 @@ def test_a_third_party_launcher_starts_the_job(bags_env, bags_run, tmp_path):
 
 
 def test_a_launchers_refusal_and_an_unknown_launcher_are_one_line(bags_env, tmp_path):
-    result = kspipe(bags_env, tmp_path, *JOB, "workers=4", "cluster.launcher=relay",
-                    f"run_dir={tmp_path / 'big'}")
-    assert_one_line_error(result, "cluster.launcher=relay starts at most 4 processes; this "
-                                  "job has 6")
+    result = kspipe(
+        bags_env,
+        tmp_path,
+        *JOB,
+        "workers=4",
+        "cluster.launcher=relay",
+        f"run_dir={tmp_path / 'big'}",
+    )
+    assert_one_line_error(
+        result, "cluster.launcher=relay starts at most 4 processes; this job has 6"
+    )
     assert not (tmp_path / "big" / "logs").exists()  # no process was started
-    result = kspipe(bags_env, tmp_path, *JOB, "cluster.launcher=relai",
-                    f"run_dir={tmp_path / 'typo'}")
-    assert_one_line_error(result, "cluster.launcher='relai' is not one of paddle, "
-                                  "paddlejob, processes, relay, slurm")
+    result = kspipe(
+        bags_env, tmp_path, *JOB, "cluster.launcher=relai", f"run_dir={tmp_path / 'typo'}"
+    )
+    assert_one_line_error(
+        result, "cluster.launcher='relai' is not one of paddle, paddlejob, processes, relay, slurm"
+    )

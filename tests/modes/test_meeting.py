@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 
 from kspipe.cluster.endpoints import free_ports
-from kspipe.errors import ClusterError
 from kspipe.cluster.meeting import open_book
+from kspipe.errors import ClusterError
 
 
 def test_the_book_keeps_what_is_put_and_ends_with_its_starter():

@@ -33,11 +33,23 @@ def worker_pid(run_dir, index):
 @pytest.mark.parametrize("mode", ["pserver", "collective"])
 def test_a_killed_worker_stops_the_job(tmp_path, tiny_data, mode):
     run_dir = tmp_path / "run"
-    args = ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-            f"mode={mode}", "workers=2", "servers=1", "train.meta_iters=100000",
-            "train.checkpoint_every=0", "eval.interval=0"]
-    launcher = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, tiny_data),
+        f"mode={mode}",
+        "workers=2",
+        "servers=1",
+        "train.meta_iters=100000",
+        "train.checkpoint_every=0",
+        "eval.interval=0",
+    ]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cli.command", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         log = run_dir / "logs" / "worker.1.log"
@@ -69,35 +81,62 @@ def test_explicit_endpoint_lists_on_loopback(tmp_path, tiny_data):
     """Both syntaxes of an endpoint list in one job: the servers in Hydra's list syntax,
     the workers as a quoted string."""
     s0, s1, w0, w1 = free_ports(4)
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "mode=pserver", f"servers=[127.0.0.1:{s0},127.0.0.1:{s1}]",
-                          f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'", "cluster.strategy=sync"])
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "mode=pserver",
+            f"servers=[127.0.0.1:{s0},127.0.0.1:{s1}]",
+            f"workers='127.0.0.1:{w0},127.0.0.1:{w1}'",
+            "cluster.strategy=sync",
+        ]
+    )
     metrics = run(cfg, plugin_manager())
     assert 0 <= metrics["test_accuracy"] <= 1 and "worker1/tasks_per_s" in metrics
     logs = tmp_path / "run" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == [
-        "server.0.log", "server.1.log", "worker.0.log", "worker.1.log"]
+        "server.0.log",
+        "server.1.log",
+        "worker.0.log",
+        "worker.1.log",
+    ]
     assert "meta-train" in (logs / "worker.1.log").read_text()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["cluster.strategy=half_async"], "has no half-async mode"),
-    (["cluster.strategy=ring"], "cluster.strategy='ring' is not one of"),
-    (["cluster.strategy=geo", "cluster.k_steps=0"], "cluster.k_steps=0 must be at least 1"),
-    (["servers=0"], "servers=0 must be at least 1"),
-    (["servers=localhost"], "'localhost' is not host:port"),
-    (["workers='127.0.0.1:7001,127.0.0.1:7001'"], "an endpoint appears twice"),
-    (["servers=10.0.0.1:7000", "workers=10.0.0.2:7001"], "set cluster.host"),
-    (["workers=abc"], "workers: 'abc' is not host:port"),
-    (["mode=local", "workers=abc"], "workers: 'abc' is not host:port"),
-    (["mode=local", "workers=0"], "workers=0 must be at least 1"),
-    (["mode=collective", "servers=1.5"], "servers=1.5 must be an integer"),
-    (["servers=[10.0.0.1:7000]", "workers=[10.0.0.1:7001,10.0.0.2:7001]",
-      "cluster.host=10.0.0.1", "cluster.control_port=7001"], "control endpoint 10.0.0.1:7001"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["cluster.strategy=half_async"], "has no half-async mode"),
+        (["cluster.strategy=ring"], "cluster.strategy='ring' is not one of"),
+        (["cluster.strategy=geo", "cluster.k_steps=0"], "cluster.k_steps=0 must be at least 1"),
+        (["servers=0"], "servers=0 must be at least 1"),
+        (["servers=localhost"], "'localhost' is not host:port"),
+        (["workers='127.0.0.1:7001,127.0.0.1:7001'"], "an endpoint appears twice"),
+        (["servers=10.0.0.1:7000", "workers=10.0.0.2:7001"], "set cluster.host"),
+        (["workers=abc"], "workers: 'abc' is not host:port"),
+        (["mode=local", "workers=abc"], "workers: 'abc' is not host:port"),
+        (["mode=local", "workers=0"], "workers=0 must be at least 1"),
+        (["mode=collective", "servers=1.5"], "servers=1.5 must be an integer"),
+        (
+            [
+                "servers=[10.0.0.1:7000]",
+                "workers=[10.0.0.1:7001,10.0.0.2:7001]",
+                "cluster.host=10.0.0.1",
+                "cluster.control_port=7001",
+            ],
+            "control endpoint 10.0.0.1:7001",
+        ),
+    ],
+)
 def test_bad_cluster_settings(tmp_path, tiny_data, overrides, message):
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "mode=pserver", *overrides])
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "mode=pserver",
+            *overrides,
+        ]
+    )
     with pytest.raises(ConfigError, match=message):
         run(cfg, plugin_manager())
 
@@ -108,8 +147,14 @@ def test_a_port_in_use_is_named(tmp_path, tiny_data):
     busy.listen()
     port = busy.getsockname()[1]
     try:
-        cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                              "mode=pserver", f"servers=127.0.0.1:{port}"])
+        cfg = compose_config(
+            [
+                "+experiment=omniglot_5way",
+                *tiny_overrides(tmp_path, tiny_data),
+                "mode=pserver",
+                f"servers=127.0.0.1:{port}",
+            ]
+        )
         with pytest.raises(ConfigError, match=f"port 127.0.0.1:{port} is not free"):
             run(cfg, plugin_manager())
     finally:
@@ -117,8 +162,15 @@ def test_a_port_in_use_is_named(tmp_path, tiny_data):
 
 
 def test_local_mode_says_it_ignores_a_worker_count(tmp_path, tiny_data, capsys):
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          "workers=4", "train.meta_iters=1", "eval.baseline=false"])
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            *tiny_overrides(tmp_path, tiny_data),
+            "workers=4",
+            "train.meta_iters=1",
+            "eval.baseline=false",
+        ]
+    )
     run(cfg, plugin_manager())
     assert "kspipe: workers=4 is ignored: mode=local runs one process" in capsys.readouterr().err
 
@@ -131,11 +183,20 @@ def test_an_async_checkpoint_holds_the_servers_parameters(tmp_path, tiny_data):
     import numpy as np
 
     run_dir = tmp_path / "run"
-    result = run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                        "mode=pserver", "workers=2", "cluster.strategy=async",
-                        "train.meta_iters=8", "train.checkpoint_every=4",
-                        "train.keep_checkpoints=3", "eval.interval=0", "eval.baseline=false",
-                        cwd=tmp_path, timeout=300)
+    result = run_kspipe(
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, tiny_data),
+        "mode=pserver",
+        "workers=2",
+        "cluster.strategy=async",
+        "train.meta_iters=8",
+        "train.checkpoint_every=4",
+        "train.keep_checkpoints=3",
+        "eval.interval=0",
+        "eval.baseline=false",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for step in (4, 8):
         name = f"checkpoint-{step:07d}/state.pdparams"

@@ -39,23 +39,42 @@ def check_one_job(tmp: Path, expected: dict) -> Path:
 
 
 def test_pods_started_apart_with_a_paddlejobs_environment_are_one_job(
-        tmp_path, tiny_data, launched):
+    tmp_path, tiny_data, launched
+):
     server, worker0, worker1, gloo = free_ports(4)
-    job = {"PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{server}",
-           "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{worker0},127.0.0.1:{worker1}",
-           "PADDLE_TRAINERS_NUM": "2", "POD_IP": "127.0.0.1", "PADDLE_WITH_GLOO": "1",
-           "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": f"127.0.0.1:{gloo}",
-           **THREADS}
-    pods = [{"TRAINING_ROLE": "PSERVER", "PADDLE_PORT": str(server)},
-            {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker0), "PADDLE_TRAINER_ID": "0"},
-            {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker1), "PADDLE_TRAINER_ID": "1"}]
+    job = {
+        "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{server}",
+        "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{worker0},127.0.0.1:{worker1}",
+        "PADDLE_TRAINERS_NUM": "2",
+        "POD_IP": "127.0.0.1",
+        "PADDLE_WITH_GLOO": "1",
+        "PADDLE_GLOO_RENDEZVOUS": "3",
+        "PADDLE_GLOO_HTTP_ENDPOINT": f"127.0.0.1:{gloo}",
+        **THREADS,
+    }
+    pods = [
+        {"TRAINING_ROLE": "PSERVER", "PADDLE_PORT": str(server)},
+        {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker0), "PADDLE_TRAINER_ID": "0"},
+        {"TRAINING_ROLE": "TRAINER", "PADDLE_PORT": str(worker1), "PADDLE_TRAINER_ID": "1"},
+    ]
     started = []
     try:
         for pod in pods:
-            started.append(subprocess.Popen(
-                [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
-                cwd=tmp_path, env=dict(os.environ, **job, **pod), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True))
+            started.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kspipe.cli.command",
+                        *scheduled_overrides(tmp_path, tiny_data),
+                    ],
+                    cwd=tmp_path,
+                    env=dict(os.environ, **job, **pod),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
             time.sleep(1.5)  # a second apart, each would have had a Hydra folder of its own
         outputs = [p.communicate(timeout=300)[0] for p in started]
     finally:
@@ -82,11 +101,22 @@ def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, form, request):
         expected, job = request.getfixturevalue("launched_collective"), SCHEDULED_COLLECTIVE
         paddle = ["--nproc_per_node=2"]
     result = subprocess.run(
-        [sys.executable, "-m", "paddle.distributed.launch", *paddle,
-         f"--log_dir={tmp_path / 'paddle-logs'}", kspipe,
-         *scheduled_overrides(tmp_path, tiny_data), *job],
-        cwd=tmp_path, env=dict(os.environ, **THREADS), capture_output=True, text=True,
-        timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            *paddle,
+            f"--log_dir={tmp_path / 'paddle-logs'}",
+            kspipe,
+            *scheduled_overrides(tmp_path, tiny_data),
+            *job,
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, **THREADS),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     check_one_job(tmp_path, expected)
 
@@ -99,16 +129,23 @@ def kspipe_processes(tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("form", ["pserver", "collective"])
 def test_cluster_launcher_paddle_runs_the_job_under_paddles_launcher(
-        tmp_path, tiny_data, form, request):
+    tmp_path, tiny_data, form, request
+):
     """``cluster.launcher=paddle``: the kspipe command runs ``python -m
     paddle.distributed.launch`` with kspipe's roles as its program; one run folder (the
     command's), one FINISHED run, Paddle's logs in it, and kspipe's own launcher's weights,
     bit for bit."""
     expected = request.getfixturevalue("launched" if form == "pserver" else "launched_collective")
     job = scheduled_overrides(tmp_path, tiny_data) + (
-        [] if form == "pserver" else SCHEDULED_COLLECTIVE)
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        [] if form == "pserver" else SCHEDULED_COLLECTIVE
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (folder,) = (tmp_path / "outputs").glob("*/*")  # the command's own Hydra folder
     got = latest_weights(folder)
@@ -132,10 +169,17 @@ def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
     exits with, and nothing is left running or RUNNING."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    job = [o if not o.startswith("dataset.root=") else f"dataset.root={empty}"
-           for o in scheduled_overrides(tmp_path, tiny_data)]
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    job = [
+        o if not o.startswith("dataset.root=") else f"dataset.root={empty}"
+        for o in scheduled_overrides(tmp_path, tiny_data)
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
     assert len(errors) == 1, result.stderr
@@ -146,29 +190,66 @@ def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
     assert not kspipe_processes(tmp_path)
 
 
-@pytest.mark.parametrize("environment, message", [
-    ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "1",
-      "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000", "PADDLE_WITH_GLOO": "1",
-      "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001"},
-     "TRAINER: PADDLE_PSERVERS_IP_PORT_LIST not set in the environment"),
-    ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "2", "PADDLE_TRAINERS_NUM": "2",
-      "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
-      "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000,127.0.0.1:7003", "PADDLE_WITH_GLOO": "1",
-      "PADDLE_GLOO_RENDEZVOUS": "3", "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001"},
-     "PADDLE_TRAINER_ID=2 is not one of the 2 workers of PADDLE_TRAINER_ENDPOINTS"),
-    ({"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
-      "PADDLE_TRAINERS_NUM": "1", "POD_IP": "127.0.0.1", "PADDLE_PORT": "7002"},
-     "a parameter-server job's processes meet through fleet's gloo"),
-    ({"TRAINING_ROLE": "HETER_TRAINER"}, "TRAINING_ROLE=HETER_TRAINER: a parameter-server "
-                                         "job's process is PSERVER or TRAINER"),
-])
-def test_an_environment_missing_what_a_role_needs_is_one_line(tmp_path, tiny_data,
-                                                              environment, message):
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("PADDLE_", "TRAINING_ROLE", "POD_IP"))}
-    result = subprocess.run([sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
-                            cwd=tmp_path, env=dict(clean, **environment), capture_output=True,
-                            text=True, timeout=300)
+@pytest.mark.parametrize(
+    "environment, message",
+    [
+        (
+            {
+                "TRAINING_ROLE": "TRAINER",
+                "PADDLE_TRAINER_ID": "0",
+                "PADDLE_TRAINERS_NUM": "1",
+                "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000",
+                "PADDLE_WITH_GLOO": "1",
+                "PADDLE_GLOO_RENDEZVOUS": "3",
+                "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001",
+            },
+            "TRAINER: PADDLE_PSERVERS_IP_PORT_LIST not set in the environment",
+        ),
+        (
+            {
+                "TRAINING_ROLE": "TRAINER",
+                "PADDLE_TRAINER_ID": "2",
+                "PADDLE_TRAINERS_NUM": "2",
+                "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
+                "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000,127.0.0.1:7003",
+                "PADDLE_WITH_GLOO": "1",
+                "PADDLE_GLOO_RENDEZVOUS": "3",
+                "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001",
+            },
+            "PADDLE_TRAINER_ID=2 is not one of the 2 workers of PADDLE_TRAINER_ENDPOINTS",
+        ),
+        (
+            {
+                "TRAINING_ROLE": "PSERVER",
+                "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
+                "PADDLE_TRAINERS_NUM": "1",
+                "POD_IP": "127.0.0.1",
+                "PADDLE_PORT": "7002",
+            },
+            "a parameter-server job's processes meet through fleet's gloo",
+        ),
+        (
+            {"TRAINING_ROLE": "HETER_TRAINER"},
+            "TRAINING_ROLE=HETER_TRAINER: a parameter-server job's process is PSERVER or TRAINER",
+        ),
+    ],
+)
+def test_an_environment_missing_what_a_role_needs_is_one_line(
+    tmp_path, tiny_data, environment, message
+):
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PADDLE_", "TRAINING_ROLE", "POD_IP"))
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
+        cwd=tmp_path,
+        env=dict(clean, **environment),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("kspipe: error: ") and message in lines[-1], result.stderr
@@ -195,34 +276,56 @@ def operator_environments(job: dict) -> list[tuple[str, dict]]:
             address += 1
     servers = [f"{ip}:{OPERATOR_PORT}" for kind, _, _, ip in pods if kind == "ps"]
     workers = [f"{ip}:{OPERATOR_PORT}" for kind, _, _, ip in pods if kind == "worker"]
-    config_map = {"TRAINER_PORTS_NUM": str(OPERATOR_PORTS), "PADDLE_PORT": str(OPERATOR_PORT),
-                  "PADDLE_TRAINER_ENDPOINTS": ",".join(workers),
-                  "PADDLE_TRAINERS": ",".join(w.rpartition(":")[0] for w in workers),
-                  "PADDLE_TRAINERS_NUM": str(len(workers))}
+    config_map = {
+        "TRAINER_PORTS_NUM": str(OPERATOR_PORTS),
+        "PADDLE_PORT": str(OPERATOR_PORT),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(workers),
+        "PADDLE_TRAINERS": ",".join(w.rpartition(":")[0] for w in workers),
+        "PADDLE_TRAINERS_NUM": str(len(workers)),
+    }
     if servers:
         config_map["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(servers)
         if spec.get("withGloo", 0) > 0:
             host = servers[0].rpartition(":")[0]
-            config_map.update(PADDLE_WITH_GLOO=str(spec["withGloo"]), PADDLE_GLOO_RENDEZVOUS="3",
-                              PADDLE_GLOO_HTTP_ENDPOINT=f"{host}:{OPERATOR_PORT + OPERATOR_PORTS - 2}")
+            config_map.update(
+                PADDLE_WITH_GLOO=str(spec["withGloo"]),
+                PADDLE_GLOO_RENDEZVOUS="3",
+                PADDLE_GLOO_HTTP_ENDPOINT=f"{host}:{OPERATOR_PORT + OPERATOR_PORTS - 2}",
+            )
     out = []
     for kind, index, role, ip in pods:
         (container,) = spec[kind]["template"]["spec"]["containers"]
-        env = {**config_map, "POD_IP": ip, "PADDLE_TRAINER_ID": str(index),
-               "TRAINING_ROLE": role, "PADDLE_TRAINING_ROLE": role,
-               **{e["name"]: e["value"] for e in container.get("env", [])}}
+        env = {
+            **config_map,
+            "POD_IP": ip,
+            "PADDLE_TRAINER_ID": str(index),
+            "TRAINING_ROLE": role,
+            "PADDLE_TRAINING_ROLE": role,
+            **{e["name"]: e["value"] for e in container.get("env", [])},
+        }
         out.append((f"{kind}-{index}", {"command": container["command"], "env": env}))
     return out
 
 
 def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
-        tmp_path, tiny_data, launched):
+    tmp_path, tiny_data, launched
+):
     import yaml
 
     wrote = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
-         "cluster.launcher=paddlejob", "cluster.image=registry.example/kspipe:1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp_path, tiny_data),
+            "cluster.launcher=paddlejob",
+            "cluster.image=registry.example/kspipe:1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert wrote.returncode == 0, wrote.stderr[-3000:]
     (line,) = [line for line in wrote.stdout.splitlines() if "PaddleJob" in line]
     path = Path(line.split("kubectl apply -f ")[1])
@@ -234,13 +337,19 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
 
     pods = []
     try:
-        for name, pod in operator_environments(job):
+        for _, pod in operator_environments(job):
             command = pod["command"]
             assert command[0] == "kspipe"
-            pods.append(subprocess.Popen(
-                [sys.executable, "-m", "kspipe.cli.command", *command[1:]], cwd=tmp_path,
-                env=dict(os.environ, **pod["env"], **THREADS), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True))
+            pods.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "kspipe.cli.command", *command[1:]],
+                    cwd=tmp_path,
+                    env=dict(os.environ, **pod["env"], **THREADS),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
             time.sleep(1.0)  # pods start when Kubernetes gets to them
         outputs = [p.communicate(timeout=300)[0] for p in pods]
     finally:
@@ -268,16 +377,29 @@ def test_every_role_shares_its_hosts_cores_however_it_was_started(monkeypatch):
     assert {p.env["KMP_BLOCKTIME"] for p in launch_plan("collective", 2)} == {"30"}
 
     def seen(module, **env):
-        base = {k: v for k, v in os.environ.items()
-                if k != "KMP_BLOCKTIME" and not k.startswith(("PADDLE_", "TRAINING_"))}
-        start = {"worker": "from kspipe.cli.worker import main\nmain([])\n",
-                 "cli": "import sys\nsys.argv = ['kspipe', '--version']\n"
-                        "from kspipe.cli.command import main\n"
-                        "try:\n    main()\nexcept SystemExit:\n    pass\n"}[module]
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k != "KMP_BLOCKTIME" and not k.startswith(("PADDLE_", "TRAINING_"))
+        }
+        start = {
+            "worker": "from kspipe.cli.worker import main\nmain([])\n",
+            "cli": "import sys\nsys.argv = ['kspipe', '--version']\n"
+            "from kspipe.cli.command import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n",
+        }[module]
         code = start + "import os\nprint(os.environ.get('KMP_BLOCKTIME'))\n"
-        return subprocess.run([sys.executable, "-c", code], env=dict(base, **env),
-                              capture_output=True, text=True,
-                              check=True).stdout.strip().splitlines()[-1]
+        return (
+            subprocess.run(
+                [sys.executable, "-c", code],
+                env=dict(base, **env),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
 
     assert seen("worker") == "0"
     assert seen("cli", TRAINING_ROLE="TRAINER") == "0"

@@ -14,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.testing import (SCHEDULED_COLLECTIVE, job_processes, latest_weights,
-                            run_statuses, scheduled_overrides, slurm_missing, stopped_when)
+from kspipe.testing import run_statuses
+from tests.kit import (
+    SCHEDULED_COLLECTIVE,
+    job_processes,
+    latest_weights,
+    scheduled_overrides,
+    slurm_missing,
+    stopped_when,
+)
 
 #: Slurm's tests run where a Slurm can be started here (installed, and root: the README
 #: installs it so); elsewhere they are skipped, saying why.
@@ -23,8 +30,9 @@ needs_slurm = pytest.mark.skipif(slurm_missing() is not None, reason=str(slurm_m
 
 
 def slurm_command(env: dict, *command, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run(list(command), env=dict(os.environ, **env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        list(command), env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def nothing_queued(env: dict, within_s: float = 30) -> bool:
@@ -44,9 +52,23 @@ def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc) ->
     its run folder."""
     run = tmp / "run"
     result = subprocess.run(
-        ["salloc", *salloc, "--quiet", sys.executable, "-m", "kspipe.cli.command",
-         *scheduled_overrides(tmp, tiny_data), "cluster.launcher=slurm", f"run_dir={run}"],
-        cwd=tmp, env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)
+        [
+            "salloc",
+            *salloc,
+            "--quiet",
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp, tiny_data),
+            "cluster.launcher=slurm",
+            f"run_dir={run}",
+        ],
+        cwd=tmp,
+        env=dict(os.environ, **slurm),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     got = latest_weights(run)
     for name, value in expected.items():
@@ -65,32 +87,40 @@ def test_a_slurm_jobs_gloo_meeting_point_is_a_port_drawn_free(kind, monkeypatch)
     from kspipe.launchers import slurm as slurm_launcher
 
     drawn = [41001, 41011, 41021, 41031]  # what free_ports draws here, none the + 1 of another
-    monkeypatch.setattr("kspipe.cluster.endpoints.free_ports", lambda count, host="127.0.0.1":
-                        drawn[:count])
+    monkeypatch.setattr(
+        "kspipe.cluster.endpoints.free_ports", lambda count, host="127.0.0.1": drawn[:count]
+    )
     monkeypatch.setattr("kspipe.cluster.plan.check_port_free", lambda host, port: None)
     monkeypatch.setattr(slurm_launcher, "allocation_hosts", lambda env=None: ["node1"])
     cfg = OmegaConf.create({"workers": 2, "servers": 1, "cluster": {}})
     servers = 1 if kind == "pserver" else None
     plan = slurm_launcher.SlurmLauncher().plan(kind, cfg, 2, servers, threads=1)
-    meeting = (plan[0].env["PADDLE_GLOO_HTTP_ENDPOINT"] if kind == "pserver"
-               else plan[0].env["KSPIPE_GLOO_ENDPOINT"])
-    assert [p.endpoint for p in plan] == [f"127.0.0.1:{port}" for port in drawn[:len(plan)]]
+    meeting = (
+        plan[0].env["PADDLE_GLOO_HTTP_ENDPOINT"]
+        if kind == "pserver"
+        else plan[0].env["KSPIPE_GLOO_ENDPOINT"]
+    )
+    assert [p.endpoint for p in plan] == [f"127.0.0.1:{port}" for port in drawn[: len(plan)]]
     assert meeting == f"127.0.0.1:{drawn[len(plan)]}"
 
 
 @needs_slurm
 def test_a_job_in_a_slurm_allocation_runs_its_processes_as_job_steps(
-        tmp_path, tiny_data, launched, slurm):
+    tmp_path, tiny_data, launched, slurm
+):
     run = allocated_job(tmp_path, tiny_data, slurm, launched, "-n", "3")
     assert sorted(p.name for p in (run / "logs").iterdir()) == [
-        "server.0.log", "worker.0.log", "worker.1.log"]
+        "server.0.log",
+        "worker.0.log",
+        "worker.1.log",
+    ]
     assert nothing_queued(slurm)
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """A Slurm of two nodes (two slurmd on this host, at 127.0.0.1 and 127.0.0.2)."""
-    from kspipe.testing import local_slurm
+    from tests.kit import local_slurm
 
     folder = tmp_path_factory.mktemp("slurm-two-nodes")
     with local_slurm(folder, nodes=2) as env:
@@ -98,8 +128,7 @@ def two_nodes(tmp_path_factory):
 
 
 @needs_slurm
-def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, launched,
-                                                          two_nodes):
+def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, launched, two_nodes):
     """An allocation of two nodes: the processes go to the nodes in turn (worker 0 to the
     second, at its NodeAddr), and the job reaches kspipe's own launcher's weights."""
     folder, slurm = two_nodes
@@ -110,18 +139,35 @@ def test_a_job_across_two_slurm_nodes_runs_a_step_on_each(tmp_path, tiny_data, l
 
 
 @needs_slurm
-@pytest.mark.parametrize("allocate, message", [
-    (["salloc", "-n", "2", "--quiet"], "the Slurm allocation (job {}) has 2 task(s); this job "
-                                       "needs 3 (one per server and worker)"),
-    ([], "cluster.launcher='nope' is not one of paddle, paddlejob, processes, slurm"),
-])
-def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate,
-                                                   message):
+@pytest.mark.parametrize(
+    "allocate, message",
+    [
+        (
+            ["salloc", "-n", "2", "--quiet"],
+            "the Slurm allocation (job {}) has 2 task(s); this job "
+            "needs 3 (one per server and worker)",
+        ),
+        ([], "cluster.launcher='nope' is not one of paddle, paddlejob, processes, slurm"),
+    ],
+)
+def test_a_slurm_launch_that_cannot_run_is_one_line(tmp_path, tiny_data, slurm, allocate, message):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [*allocate, sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
-         f"cluster.launcher={'slurm' if allocate else 'nope'}", f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=300)
+        [
+            *allocate,
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp_path, tiny_data),
+            f"cluster.launcher={'slurm' if allocate else 'nope'}",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=dict(env, **slurm),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error")]
     prefix = message.split("{}")[0]
@@ -148,19 +194,34 @@ def environment_of(pid: int) -> dict:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                if "=" in item)
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
 
 
 @needs_slurm
 def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_data, slurm):
     run = tmp_path / "run"
     job = subprocess.Popen(
-        ["salloc", "-n", "3", "--quiet", sys.executable, "-m", "kspipe.cli.command",
-         *scheduled_overrides(tmp_path, tiny_data), "train.meta_iters=100000", "cluster.launcher=slurm",
-         f"run_dir={run}"],
-        cwd=tmp_path, env=dict(os.environ, **slurm), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            "salloc",
+            "-n",
+            "3",
+            "--quiet",
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp_path, tiny_data),
+            "train.meta_iters=100000",
+            "cluster.launcher=slurm",
+            f"run_dir={run}",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, **slurm),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         victim = None
@@ -169,9 +230,15 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
             time.sleep(0.5)
             log = run / "logs" / "worker.1.log"
             if log.is_file() and "meta-train" in log.read_text(errors="replace"):
-                victim = next((pid for pid in task_processes(run)
-                               if environment_of(pid).get("TRAINING_ROLE") == "TRAINER"
-                               and environment_of(pid).get("PADDLE_TRAINER_ID") == "1"), None)
+                victim = next(
+                    (
+                        pid
+                        for pid in task_processes(run)
+                        if environment_of(pid).get("TRAINING_ROLE") == "TRAINER"
+                        and environment_of(pid).get("PADDLE_TRAINER_ID") == "1"
+                    ),
+                    None,
+                )
         assert environment_of(victim).get("SLURM_STEP_ID"), "the role is not a job step"
         os.kill(victim, 9)
         killed = time.monotonic()
@@ -184,8 +251,11 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
     assert "kspipe: error: worker 1" in stderr, stderr[-3000:]
     assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
     # within a minute of the kill: the job ended, and left nothing queued or running
-    wait_for(lambda: nothing_queued(slurm, 0) and job_processes(run) == [], 60 - took,
-             lambda: f"left: {[command_of(p) for p in job_processes(run)]}")
+    wait_for(
+        lambda: nothing_queued(slurm, 0) and job_processes(run) == [],
+        60 - took,
+        lambda: f"left: {[command_of(p) for p in job_processes(run)]}",
+    )
 
 
 def wait_for(condition, timeout: float, what, poll: float = 0.5) -> None:
@@ -201,8 +271,9 @@ def tail(path: Path) -> str:
 
 
 @needs_slurm
-def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, tiny_data,
-                                                                      launched_long, slurm):
+def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
+    tmp_path, tiny_data, launched_long, slurm
+):
     """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
     KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>-..., and
     ends with the weights of a run never interrupted (``launched_long``)."""
@@ -210,10 +281,14 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
     last = f"checkpoint-{launched_long.iterations:07d}"
 
     script = tmp_path / "job.sbatch"
-    command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "kspipe.cli.command", *job,
-                                          "cluster.launcher=slurm"])
-    script.write_text(f"#!/bin/bash\n#SBATCH -n 3\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
-                      f"#SBATCH -o {tmp_path}/slurm-%j.out\nexec {command}\n")
+    command = " ".join(
+        f"'{a}'"
+        for a in [sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=slurm"]
+    )
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -n 3\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+        f"#SBATCH -o {tmp_path}/slurm-%j.out\nexec {command}\n"
+    )
     submitted = slurm_command(slurm, "sbatch", "--parsable", f"--chdir={tmp_path}", str(script))
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
@@ -222,18 +297,59 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
     def run_folders():  # outputs/job-<id>-<the command's digest>
         return list((tmp_path / "outputs").glob(f"job-{job_id}-*"))
 
-    wait_for(lambda: any((r / "checkpoints" / "checkpoint-0000008").is_dir()
-                         for r in run_folders()), 300, lambda: f"no checkpoint: {tail(out)}")
+    wait_for(
+        lambda: any((r / "checkpoints" / "checkpoint-0000008").is_dir() for r in run_folders()),
+        300,
+        lambda: f"no checkpoint: {tail(out)}",
+    )
     (run,) = run_folders()
     assert slurm_command(slurm, "scontrol", "requeue", job_id).returncode == 0
     # Slurm holds a requeued job ~2 minutes (BeginTime); let it go at once
-    wait_for(lambda: slurm_command(slurm, "squeue", "-h", "-j", job_id, "-o", "%r").stdout
-             .strip() == "BeginTime", 120, lambda: f"the job was not requeued: {tail(out)}")
+    wait_for(
+        lambda: (
+            slurm_command(slurm, "squeue", "-h", "-j", job_id, "-o", "%r").stdout.strip()
+            == "BeginTime"
+        ),
+        120,
+        lambda: f"the job was not requeued: {tail(out)}",
+    )
+
+    def files_up_to(iteration):  # each file of the checkpoints up to it: inode and mtime
+        folders = [
+            f
+            for f in (run / "checkpoints").glob("**/checkpoint-*")
+            if f.suffix != ".tmp" and int(f.name.removeprefix("checkpoint-")) <= iteration
+        ]
+        return {
+            path: (path.stat().st_ino, path.stat().st_mtime_ns)
+            for folder in folders
+            for path in folder.rglob("*")
+            if path.is_file()
+        }
+
+    # the first run's last checkpoint, and those before it as it left them (a worker may
+    # have written its own part of the next one, which the second run writes again)
+    latest = max(
+        int(p.name.removeprefix("checkpoint-"))
+        for p in (run / "checkpoints").glob("checkpoint-*")
+        if p.suffix != ".tmp"
+    )
+    stopped = files_up_to(latest)
     slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    wait_for(lambda: nothing_queued(slurm), 600,
-             lambda: f"the requeued job did not finish: {tail(out)}")
+    wait_for(
+        lambda: nothing_queued(slurm), 600, lambda: f"the requeued job did not finish: {tail(out)}"
+    )
     output = out.read_text()
     assert "Slurm requeued the job (restart 1): it resumes from its latest checkpoint" in output
+    # it went on from the last of them, which it left as they were: a run from the start
+    # (which ends with the same weights) would have written them again
+    import re
+
+    assert set(re.findall(r"resuming from meta-iteration (\d+) ", output)) == {str(latest)}, (
+        latest,
+        output[-3000:],
+    )
+    assert files_up_to(latest) == stopped
     assert run_folders() == [run]  # the requeued job found its own folder
     # the job's first run (stopped by the requeue) and its second
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "KILLED"], output[-3000:]
@@ -245,22 +361,40 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(tmp_path, 
 
 
 @needs_slurm
-def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny_data,
-                                                                   launched, slurm):
+def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(
+    tmp_path, tiny_data, launched, slurm
+):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data),
-         "cluster.launcher=slurm", f"run_dir={run}", "cluster.slurm_args=['--job-name=bags']"],
-        cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp_path, tiny_data),
+            "cluster.launcher=slurm",
+            f"run_dir={run}",
+            "cluster.slurm_args=['--job-name=bags']",
+        ],
+        cwd=tmp_path,
+        env=dict(env, **slurm),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = [line for line in result.stdout.splitlines() if "submitted Slurm job" in line]
     job = line.split("submitted Slurm job ")[1].split(";")[0]
-    assert line == (f"kspipe: submitted Slurm job {job}; follow it with squeue -j {job} and "
-                    f"{run / f'slurm-{job}.out'}")
+    assert line == (
+        f"kspipe: submitted Slurm job {job}; follow it with squeue -j {job} and "
+        f"{run / f'slurm-{job}.out'}"
+    )
     assert "#SBATCH --job-name=bags" in (run / "kspipe.sbatch").read_text()
-    wait_for(lambda: nothing_queued(slurm), 600,
-             lambda: f"the job did not finish: {tail(run / f'slurm-{job}.out')}")
+    wait_for(
+        lambda: nothing_queued(slurm),
+        600,
+        lambda: f"the job did not finish: {tail(run / f'slurm-{job}.out')}",
+    )
     got = latest_weights(run)
     for name, value in launched.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
@@ -268,8 +402,7 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(tmp_path, tiny
 
 
 @needs_slurm
-def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data, launched,
-                                                            slurm):
+def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data, launched, slurm):
     """``kspipe -m hydra/launcher=submitit_slurm``: each job of the sweep is a Slurm job
     (hydra-submitit-launcher's), the parent and child runs are a local sweep's, and the
     workers=2 job trains what kspipe's own launcher does, bit for bit."""
@@ -277,9 +410,23 @@ def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data,
     job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", "-m", "hydra/launcher=submitit_slurm",
-         "hydra.launcher.mem_gb=null", *job, "workers=1,2", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=dict(env, **slurm), capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "-m",
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.mem_gb=null",
+            *job,
+            "workers=1,2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=dict(env, **slurm),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kspipe: best: workers=" in result.stderr
     logs = sorted((sweep / ".submitit").glob("*_*/*_log.out"))  # <Slurm job>_<task>
@@ -303,18 +450,36 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
     job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     command = subprocess.Popen(
-        [sys.executable, "-m", "kspipe.cli.command", "-m", "hydra/launcher=submitit_slurm",
-         "hydra.launcher.mem_gb=null", *job, "workers=1", "train.meta_iters=100000",
-         "train.checkpoint_every=2", "eval.interval=0", "task.ways=3,4",
-         f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=dict(env, **slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    stderr = stopped_when(command, lambda: all(list(sweep.glob(f"{i}/checkpoints/checkpoint-*"))
-                                               for i in (0, 1)), 300)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "-m",
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.mem_gb=null",
+            *job,
+            "workers=1",
+            "train.meta_iters=100000",
+            "train.checkpoint_every=2",
+            "eval.interval=0",
+            "task.ways=3,4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=dict(env, **slurm),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stderr = stopped_when(
+        command, lambda: all(list(sweep.glob(f"{i}/checkpoints/checkpoint-*")) for i in (0, 1)), 300
+    )
     assert command.returncode == 128 + signal.SIGINT, stderr
     (line,) = [line for line in stderr.splitlines() if line.startswith("kspipe: error:")]
-    assert line.startswith("kspipe: error: stopped by SIGINT; the sweep's parent run is "
-                           "recorded as KILLED; its Slurm jobs still queued or running (")
+    assert line.startswith(
+        "kspipe: error: stopped by SIGINT; the sweep's parent run is "
+        "recorded as KILLED; its Slurm jobs still queued or running ("
+    )
     assert line.endswith(") are cancelled (a running one stops at its next safe point)")
     assert nothing_queued(slurm, 60)
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"] * 3  # the parent, both jobs
@@ -322,13 +487,29 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
 
 @needs_slurm
 def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
-        tmp_path, tiny_data, launched_collective, slurm):
+    tmp_path, tiny_data, launched_collective, slurm
+):
     run = tmp_path / "run"
     result = subprocess.run(
-        ["salloc", "-n", "2", "--quiet", sys.executable, "-m", "kspipe.cli.command",
-         *scheduled_overrides(tmp_path, tiny_data), *SCHEDULED_COLLECTIVE,
-         "cluster.launcher=slurm", f"run_dir={run}"], cwd=tmp_path,
-        env=dict(os.environ, **slurm), capture_output=True, text=True, timeout=600)
+        [
+            "salloc",
+            "-n",
+            "2",
+            "--quiet",
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            *scheduled_overrides(tmp_path, tiny_data),
+            *SCHEDULED_COLLECTIVE,
+            "cluster.launcher=slurm",
+            f"run_dir={run}",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, **slurm),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     got = latest_weights(run)
     assert set(got) == set(launched_collective)

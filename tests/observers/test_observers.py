@@ -14,33 +14,69 @@ from kspipe.observers import plots, sweep
 from kspipe.observers.mlflow import sweep_runs, tags
 from kspipe.observers.mlflow.sweep_runs import RunRecord
 
-REPTILE = Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s",
-                   summary=("test_accuracy", "baseline_test_accuracy", "tasks_per_s"))
-CTR = Workload(name="ctr", headline="test_auc", rate="samples_per_s",
-               summary=("test_auc", "train_auc", "samples_per_s"))
+REPTILE = Workload(
+    name="reptile",
+    headline="test_accuracy",
+    rate="tasks_per_s",
+    summary=("test_accuracy", "baseline_test_accuracy", "tasks_per_s"),
+)
+CTR = Workload(
+    name="ctr",
+    headline="test_auc",
+    rate="samples_per_s",
+    summary=("test_auc", "train_auc", "samples_per_s"),
+)
 
 
 def job(run_id, params, metrics, workload=None, status="FINISHED"):
-    return RunRecord(run_id=run_id, name=None, status=status, params=params, metrics=metrics,
-                     workload=workload)
+    return RunRecord(
+        run_id=run_id, name=None, status=status, params=params, metrics=metrics, workload=workload
+    )
 
 
 def test_a_comparison_shows_each_workloads_declared_metrics_and_their_union(tmp_path):
-    jobs = [job("a", {"stages.program": "reptile"},
-                {"test_accuracy": 0.6, "test_accuracy_ci95": 0.05, "tasks_per_s": 40.0,
-                 "baseline_test_accuracy": 0.3, "train_loss": 1.0}, REPTILE),
-            job("b", {"stages.program": "ctr"},
-                {"test_auc": 0.7, "train_auc": 0.72, "samples_per_s": 9000.0}, CTR),
-            job("c", {"stages.program": "reptile"}, {}, None, status="FAILED")]
+    jobs = [
+        job(
+            "a",
+            {"stages.program": "reptile"},
+            {
+                "test_accuracy": 0.6,
+                "test_accuracy_ci95": 0.05,
+                "tasks_per_s": 40.0,
+                "baseline_test_accuracy": 0.3,
+                "train_loss": 1.0,
+            },
+            REPTILE,
+        ),
+        job(
+            "b",
+            {"stages.program": "ctr"},
+            {"test_auc": 0.7, "train_auc": 0.72, "samples_per_s": 9000.0},
+            CTR,
+        ),
+        job("c", {"stages.program": "reptile"}, {}, None, status="FAILED"),
+    ]
     workloads = [j.workload or REPTILE for j in jobs]
     columns = sweep.comparison_columns(jobs, workloads)
-    assert columns == ["test_accuracy", "test_accuracy_ci95", "baseline_test_accuracy",
-                       "tasks_per_s", "test_auc", "train_auc", "samples_per_s"]
-    rows = [sweep.comparison_row(j, ["stages.program"], w, columns) for j, w in zip(jobs, workloads)]
+    assert columns == [
+        "test_accuracy",
+        "test_accuracy_ci95",
+        "baseline_test_accuracy",
+        "tasks_per_s",
+        "test_auc",
+        "train_auc",
+        "samples_per_s",
+    ]
+    rows = [
+        sweep.comparison_row(j, ["stages.program"], w, columns) for j, w in zip(jobs, workloads)
+    ]
     table = sweep.write_table(rows, columns, str(tmp_path / "comparison.csv"))
     read = list(csv.DictReader(open(table)))
-    assert [r["job"] for r in read] == ["stages.program=reptile", "stages.program=ctr",
-                                        "stages.program=reptile"]
+    assert [r["job"] for r in read] == [
+        "stages.program=reptile",
+        "stages.program=ctr",
+        "stages.program=reptile",
+    ]
     assert [r["workload"] for r in read] == ["reptile", "ctr", "reptile"]
     assert read[1]["test_auc"] == "0.7" and read[1]["test_accuracy"] == ""
     assert plots.plot_comparison(rows, workloads, str(tmp_path / "comparison.png"))
@@ -54,13 +90,18 @@ def test_no_ci95_column_where_no_job_reported_one():
 
 def test_the_workload_survives_its_tags():
     assert tags.workload_from_tags(tags.workload_tags(CTR)) == Workload(
-        name="ctr", headline="test_auc", rate="samples_per_s", summary=CTR.summary)
+        name="ctr", headline="test_auc", rate="samples_per_s", summary=CTR.summary
+    )
     assert tags.workload_from_tags({"mlflow.runName": "x"}) is None
 
 
 def test_the_learning_curve_plots_any_curve_series_and_the_headlines_baseline(tmp_path):
-    curve = {"curve/train_loss": [(1, 2.0), (2, 1.5)], "curve/val_loss": [(1, 2.2), (2, 1.9)],
-             "baseline_val_loss": [(0, 2.5)], "other": [(1, 3.0)]}
+    curve = {
+        "curve/train_loss": [(1, 2.0), (2, 1.5)],
+        "curve/val_loss": [(1, 2.2), (2, 1.9)],
+        "baseline_val_loss": [(0, 2.5)],
+        "other": [(1, 3.0)],
+    }
     assert plots.learning_curve(curve, str(tmp_path / "c.png"), "val_loss")
     assert plots.learning_curve({"other": [(1, 3.0)]}, str(tmp_path / "d.png"), "x") is None
 
@@ -70,24 +111,29 @@ def test_a_parent_run_gets_its_children_artifacts_and_status(tmp_path, monkeypat
 
     monkeypatch.chdir(tmp_path)  # MLflow's artifact folder is relative to it
     monkeypatch.delenv(sweep_runs.PARENT_RUN_ENV, raising=False)
-    cfg = OmegaConf.create({"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                         "experiment": "kspipe"}})
+    cfg = OmegaConf.create(
+        {"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "kspipe"}}
+    )
     parent = sweep_runs.start_parent_run(cfg, "sweep x=1,2", tags.workload_tags(REPTILE))
     assert os.environ[sweep_runs.PARENT_RUN_ENV] == parent
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     experiment = client.get_run(parent).info.experiment_id
     for x in (1, 2):
-        child = client.create_run(experiment, tags={"mlflow.parentRunId": parent,
-                                                    **tags.workload_tags(REPTILE)})
+        child = client.create_run(
+            experiment, tags={"mlflow.parentRunId": parent, **tags.workload_tags(REPTILE)}
+        )
         client.log_param(child.info.run_id, "x", x)
         client.log_metric(child.info.run_id, "test_accuracy", x / 10)
         client.set_terminated(child.info.run_id, "FINISHED")
     children = sweep_runs.child_runs(cfg, parent)
-    assert [(c.params["x"], c.metrics["test_accuracy"], c.workload.name) for c in children] == \
-        [("1", 0.1, "reptile"), ("2", 0.2, "reptile")]
+    assert [(c.params["x"], c.metrics["test_accuracy"], c.workload.name) for c in children] == [
+        ("1", 0.1, "reptile"),
+        ("2", 0.2, "reptile"),
+    ]
     (tmp_path / "comparison.csv").write_text("job\n")
-    sweep_runs.finish_parent_run(cfg, parent, "FINISHED", [str(tmp_path / "comparison.csv")],
-                                 {"kspipe.workload": "reptile"})
+    sweep_runs.finish_parent_run(
+        cfg, parent, "FINISHED", [str(tmp_path / "comparison.csv")], {"kspipe.workload": "reptile"}
+    )
     assert sweep_runs.PARENT_RUN_ENV not in os.environ
     run = client.get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["kspipe.workload"] == "reptile"
@@ -95,9 +141,15 @@ def test_a_parent_run_gets_its_children_artifacts_and_status(tmp_path, monkeypat
 
 
 def test_a_sweeps_keys_and_a_jobs_name_are_read_by_hydras_parser():
-    overrides = ["+experiment=omniglot_5way", "mode=pserver,local", "workers=range(1,3)",
-                 "train.inner_lr=interval(0.1,1)", "ctr.hidden=[64,32]", "run_name='a,b'",
-                 "hydra.sweeper.direction=maximize"]
+    overrides = [
+        "+experiment=omniglot_5way",
+        "mode=pserver,local",
+        "workers=range(1,3)",
+        "train.inner_lr=interval(0.1,1)",
+        "ctr.hidden=[64,32]",
+        "run_name='a,b'",
+        "hydra.sweeper.direction=maximize",
+    ]
     assert sweep.swept_keys(overrides) == ["mode", "workers", "train.inner_lr"]
     assert sweep.swept_keys(["workers=(("]) == []  # composing the config names the mistake
     job = ["+experiment=omniglot_5way", "mode=local", "workers=2"]
@@ -113,8 +165,9 @@ def test_the_sweep_callback_counts_a_failed_job_and_the_command_fails(capsys):
     import pytest
     from hydra.core.utils import JobReturn, JobStatus
 
-    config = OmegaConf.create({"tracking": {"enabled": False},
-                               "hydra": {"overrides": {"task": ["workers=1,2"]}}})
+    config = OmegaConf.create(
+        {"tracking": {"enabled": False}, "hydra": {"overrides": {"task": ["workers=1,2"]}}}
+    )
     callback = sweep.SweepCallback()
     callback.on_multirun_start(config)
     assert callback.swept == ["workers"]
@@ -124,7 +177,8 @@ def test_the_sweep_callback_counts_a_failed_job_and_the_command_fails(capsys):
     with pytest.raises(SystemExit) as ended:
         callback.on_multirun_end(config)
     assert ended.value.code == 1
-    assert capsys.readouterr().err == ("kspipe: error: 1 job(s) of the sweep failed: "
-                                       "workers=2: why\n")
+    assert capsys.readouterr().err == (
+        "kspipe: error: 1 job(s) of the sweep failed: workers=2: why\n"
+    )
     callback.on_multirun_start(config)  # the next sweep starts afresh
     callback.on_multirun_end(config)

@@ -29,10 +29,18 @@ def ctr_run(tmp_path_factory):
     job whose workers trained it), served."""
     tmp = tmp_path_factory.mktemp("ctr")
     store = begun_store(tmp)
-    result = run_kspipe("+experiment=ctr_datafeed", "ctr.epochs=1", "mode=pserver", "workers=2",
-                        "datafeed.generated.lines_per_file=500",
-                        f"datafeed.generated.cache_dir={tmp / 'cache'}", f"run_dir={tmp / 'run'}",
-                        f"tracking.uri={store}", "tracking.register=clicks", cwd=tmp)
+    result = run_kspipe(
+        "+experiment=ctr_datafeed",
+        "ctr.epochs=1",
+        "mode=pserver",
+        "workers=2",
+        "datafeed.generated.lines_per_file=500",
+        f"datafeed.generated.cache_dir={tmp / 'cache'}",
+        f"run_dir={tmp / 'run'}",
+        f"tracking.uri={store}",
+        "tracking.register=clicks",
+        cwd=tmp,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "was not logged" not in result.stderr, result.stderr[-3000:]
     assert "Warning" not in result.stderr, result.stderr[-3000:]
@@ -43,9 +51,11 @@ def ctr_run(tmp_path_factory):
 
 def test_a_run_names_the_runs_page_of_its_experiment(ctr_run):
     _, store, result, run, _ = ctr_run
-    line = (f"kspipe: runs: mlflow ui --backend-store-uri {store} then "
-            f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs"
-            f"?orderByKey=metrics.%60test_auc%60&orderByAsc=false")
+    line = (
+        f"kspipe: runs: mlflow ui --backend-store-uri {store} then "
+        f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs"
+        f"?orderByKey=metrics.%60test_auc%60&orderByAsc=false"
+    )
     assert line in result.stderr.splitlines()
 
 
@@ -76,11 +86,16 @@ def test_the_served_click_model_answers_kspipes_own_probabilities(ctr_run):
     exe = paddle.static.Executor(paddle.CPUPlace())
     with paddle.static.scope_guard(paddle.static.Scope()):
         program, feeds, fetches = paddle.static.load_inference_model(
-            str(tmp / "run" / "inference_model" / "model"), exe)
-        expected = np.concatenate([
-            np.asarray(exe.run(program, feed={k: batch[k] for k in feeds},
-                               fetch_list=fetches)[0]).reshape(-1)
-            for batch in python_batches(files, desc, 64, {})])
+            str(tmp / "run" / "inference_model" / "model"), exe
+        )
+        expected = np.concatenate(
+            [
+                np.asarray(
+                    exe.run(program, feed={k: batch[k] for k in feeds}, fetch_list=fetches)[0]
+                ).reshape(-1)
+                for batch in python_batches(files, desc, 64, {})
+            ]
+        )
     assert len(served) == len(expected) == 1000
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
     # and the run's own evaluation of these lines: its AUC and log loss
@@ -93,12 +108,26 @@ def test_the_served_click_model_answers_kspipes_own_probabilities(ctr_run):
 
 def test_a_request_with_wrong_columns_is_a_clear_400(ctr_run):
     *_, url = ctr_run
-    status, answer = invoke(url, {"dataframe_split": {
-        "columns": ["dense", "usr", "item", "tags"], "data": [[[0.1] * 4, [5], [7], [1, 2]]]}})
+    status, answer = invoke(
+        url,
+        {
+            "dataframe_split": {
+                "columns": ["dense", "usr", "item", "tags"],
+                "data": [[[0.1] * 4, [5], [7], [1, 2]]],
+            }
+        },
+    )
     assert status == 400
     assert "missing inputs ['user']" in answer["message"]
-    status, answer = invoke(url, {"dataframe_split": {
-        "columns": ["dense", "user", "item", "tags"], "data": [[[0.1] * 3, [5], [7], [1]]]}})
+    status, answer = invoke(
+        url,
+        {
+            "dataframe_split": {
+                "columns": ["dense", "user", "item", "tags"],
+                "data": [[[0.1] * 3, [5], [7], [1]]],
+            }
+        },
+    )
     assert status == 400
     assert answer["message"].endswith("row 0, slot 'dense' has 3 values; the dense slot takes 4")
     assert "Traceback" not in json.dumps(answer)
@@ -124,15 +153,21 @@ def test_a_name_the_registry_refuses_is_one_line_before_any_run(ctr_run, tiny_da
     from kspipe.testing import compose_config
 
     tmp, store, *_ = ctr_run
-    common = ["+experiment=omniglot_5way", *tiny_overrides(tmp / "refused", tiny_data),
-              f"tracking.uri={store}"]
+    common = [
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp / "refused", tiny_data),
+        f"tracking.uri={store}",
+    ]
     with pytest.raises(ConfigError) as refused:
         run(compose_config([*common, "tracking.model=true", "tracking.register=team/fewshot"]))
     assert str(refused.value) == (
         "tracking.register=team/fewshot: the MLflow model registry refuses it: "
-        "Invalid model name 'team/fewshot'. Names cannot contain '/' or ':'.")
+        "Invalid model name 'team/fewshot'. Names cannot contain '/' or ':'."
+    )
     with pytest.raises(ConfigError) as refused:
         run(compose_config([*common, "tracking.model=false", "tracking.register=fewshot"]))
-    assert str(refused.value) == ("tracking.register=fewshot registers the run's MLflow model, "
-                                  "which tracking.model=false does not log")
+    assert str(refused.value) == (
+        "tracking.register=fewshot registers the run's MLflow model, "
+        "which tracking.model=false does not log"
+    )
     only_run(store)  # the ctr run alone: none was started, so none is left RUNNING

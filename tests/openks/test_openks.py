@@ -25,27 +25,55 @@ def accuracies(text):
 
 
 def test_script_runs_in_one_process(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "model")],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert accuracies(result.stdout) and accuracies(result.stdout)[0] >= 0.9
     assert (tmp_path / "model" / "model.pdmodel").is_file()
 
 
-@pytest.mark.parametrize("mode, args", [
-    ("cpu", ["--strategy", "async"]),
-    ("cpu", ["--strategy", "sync"]),
-    ("cpu", ["--strategy", "geo"]),
-    ("gpu", ["--flag", "1", "--strategy", "allreduce"]),
-    ("gpu", ["--flag", "1", "--strategy", "local_sgd"]),
-])
+@pytest.mark.parametrize(
+    "mode, args",
+    [
+        ("cpu", ["--strategy", "async"]),
+        ("cpu", ["--strategy", "sync"]),
+        ("cpu", ["--strategy", "geo"]),
+        ("gpu", ["--flag", "1", "--strategy", "allreduce"]),
+        ("gpu", ["--flag", "1", "--strategy", "local_sgd"]),
+    ],
+)
 def test_script_runs_on_a_local_cluster(tmp_path, mode, args):
     logs = tmp_path / "logs"
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.openks.launch", "--mode", mode, "--worker_num", "2",
-         "--server_num", "1", "--log_dir", str(logs), "--timeout", "240", str(SCRIPT), *args,
-         "--out", str(tmp_path / "model")], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.openks.launch",
+            "--mode",
+            mode,
+            "--worker_num",
+            "2",
+            "--server_num",
+            "1",
+            "--log_dir",
+            str(logs),
+            "--timeout",
+            "240",
+            str(SCRIPT),
+            *args,
+            "--out",
+            str(tmp_path / "model"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = [accuracies((logs / f"worker.{i}.log").read_text()) for i in range(2)]
     assert all(f and f[0] >= 0.9 for f in found), found
@@ -121,9 +149,30 @@ def launch_cpu(tmp_path, script, name, *args):
     out = tmp_path / name
     out.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.openks.launch", "--mode", "cpu", "--worker_num", "2",
-         "--server_num", "1", "--log_dir", str(out / "logs"), "--timeout", "120", str(script),
-         *args, "--out", str(out)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.openks.launch",
+            "--mode",
+            "cpu",
+            "--worker_num",
+            "2",
+            "--server_num",
+            "1",
+            "--log_dir",
+            str(out / "logs"),
+            "--timeout",
+            "120",
+            str(script),
+            *args,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return [pickle.loads((out / f"worker-{i}.pkl").read_bytes()) for i in range(2)]
 
@@ -167,8 +216,9 @@ def test_init_server_reads_a_kspipe_run_in_the_same_format(tmp_path):
     for suffix in ("pdparams", "pdopt", "pdmodel"):
         shutil.copy(model / f"persistables.{suffix}", saved / f"state.{suffix}")
     (saved / "progress.json").write_text(json.dumps({"step": 1}))
-    again = launch_cpu(tmp_path, script, "again", "--strategy", "sync", "--init",
-                       str(tmp_path / "run"))
+    again = launch_cpu(
+        tmp_path, script, "again", "--strategy", "sync", "--init", str(tmp_path / "run")
+    )
     on_disk = pickle.loads((model / "persistables.pdparams").read_bytes())
     for worker in again:
         params, loss = worker["start"]
@@ -192,8 +242,9 @@ def test_init_server_with_a_model_needs_the_shared_gloo_world(monkeypatch):
     with paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()):
         x = paddle.static.data("x", [None, 4], "float32")
         loss = paddle.mean(paddle.static.nn.fc(x, 1))
-        algorithm.distributed_optimizer(paddle.optimizer.SGD(0.1),
-                                        openks.SyncStrategy()).minimize(loss)
+        algorithm.distributed_optimizer(paddle.optimizer.SGD(0.1), openks.SyncStrategy()).minimize(
+            loss
+        )
     with pytest.raises(ConfigError, match="PADDLE_WITH_GLOO=2 FLAGS_LAUNCH_BARRIER=0"):
         algorithm.init_server("somewhere")
     assert not algorithms.hands_over()
@@ -201,28 +252,71 @@ def test_init_server_with_a_model_needs_the_shared_gloo_world(monkeypatch):
 
 def test_a_failing_script_fails_the_launch(tmp_path):
     script = tmp_path / "crash.py"
-    script.write_text("import os, sys\nsys.exit(4 if os.environ.get('PADDLE_TRAINER_ID') == '1'"
-                      " and os.environ.get('TRAINING_ROLE') == 'TRAINER' else 0)\n")
-    result = subprocess.run([sys.executable, "-m", "kspipe.openks.launch", "--worker_num", "2",
-                             "--log_dir", str(tmp_path / "logs"), str(script)],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    script.write_text(
+        "import os, sys\nsys.exit(4 if os.environ.get('PADDLE_TRAINER_ID') == '1'"
+        " and os.environ.get('TRAINING_ROLE') == 'TRAINER' else 0)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kspipe.openks.launch",
+            "--worker_num",
+            "2",
+            "--log_dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 3
     assert "kspipe-launch: error: worker 1 exited with status 4" in result.stderr
 
 
 SIGNATURES = {
-    "RoleMakerBase": ["is_worker", "is_server", "is_first_worker", "worker_num", "worker_index",
-                      "server_index", "get_trainer_endpoints", "to_string", "all_gather",
-                      "all_reduce_worker", "barrier_worker", "barrier_all"],
+    "RoleMakerBase": [
+        "is_worker",
+        "is_server",
+        "is_first_worker",
+        "worker_num",
+        "worker_index",
+        "server_index",
+        "get_trainer_endpoints",
+        "to_string",
+        "all_gather",
+        "all_reduce_worker",
+        "barrier_worker",
+        "barrier_all",
+    ],
     "PaddleCloudRoleMaker": ["generate_role"],
-    "BaseDistributedAlgorithm": ["is_first_worker", "is_worker", "worker_num", "worker_endpoints",
-                                 "is_server", "split_files", "init", "all_reduce_worker",
-                                 "barrier_workers"],
-    "CPUDistributedAlgorithm": ["init_worker", "init_server", "run_server", "stop_worker",
-                                "distributed_optimizer", "save_inference_model",
-                                "save_persistables"],
-    "GPUDistributedAlgorithm": ["distributed_optimizer", "save_inference_model",
-                                "save_persistables"],
+    "BaseDistributedAlgorithm": [
+        "is_first_worker",
+        "is_worker",
+        "worker_num",
+        "worker_endpoints",
+        "is_server",
+        "split_files",
+        "init",
+        "all_reduce_worker",
+        "barrier_workers",
+    ],
+    "CPUDistributedAlgorithm": [
+        "init_worker",
+        "init_server",
+        "run_server",
+        "stop_worker",
+        "distributed_optimizer",
+        "save_inference_model",
+        "save_persistables",
+    ],
+    "GPUDistributedAlgorithm": [
+        "distributed_optimizer",
+        "save_inference_model",
+        "save_persistables",
+    ],
     "GeneralDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
     "HeterogeneousDistributedOptimizer": ["backward", "apply_gradients", "minimize"],
     "Open_KS_read": ["read_dataset"],
@@ -239,15 +333,29 @@ PARAMETERS = {
     ("CPUDistributedAlgorithm", "init_server"): ["model_dir"],
     ("CPUDistributedAlgorithm", "distributed_optimizer"): ["optimizer", "strategy"],
     ("CPUDistributedAlgorithm", "save_inference_model"): [
-        "executor", "dirname", "feeded_var_names", "target_vars", "main_program",
-        "export_for_deployment"],
+        "executor",
+        "dirname",
+        "feeded_var_names",
+        "target_vars",
+        "main_program",
+        "export_for_deployment",
+    ],
     ("CPUDistributedAlgorithm", "save_persistables"): ["executor", "dirname", "main_program"],
     ("BaseDistributedOptimizer", "__init__"): ["optimizer", "strategy"],
     ("GeneralDistributedOptimizer", "backward"): [
-        "loss", "startup_program", "parameter_list", "no_grad_set", "callbacks"],
+        "loss",
+        "startup_program",
+        "parameter_list",
+        "no_grad_set",
+        "callbacks",
+    ],
     ("GeneralDistributedOptimizer", "apply_gradients"): ["params_grads"],
     ("GeneralDistributedOptimizer", "minimize"): [
-        "loss", "startup_program", "parameter_list", "no_grad_set"],
+        "loss",
+        "startup_program",
+        "parameter_list",
+        "no_grad_set",
+    ],
     ("Open_KS_Character", "sample"): ["num_images"],
     ("Open_KS_read", "read_dataset"): ["data_dir"],
 }
@@ -259,11 +367,16 @@ def test_every_documented_name_exists_with_its_signature():
             assert callable(getattr(getattr(openks, cls), method)), (cls, method)
     for (cls, method), params in PARAMETERS.items():
         names = list(inspect.signature(getattr(getattr(openks, cls), method)).parameters)[1:]
-        assert names[:len(params)] == params, (cls, method, names)
+        assert names[: len(params)] == params, (cls, method, names)
     assert isinstance(openks.KSDistributedFactory.instantiation(0), openks.CPUDistributedAlgorithm)
     assert isinstance(openks.KSDistributedFactory.instantiation(1), openks.GPUDistributedAlgorithm)
-    for strategy in (openks.SyncStrategy, openks.AsyncStrategy, openks.HalfAsyncStrategy,
-                     openks.GeoStrategy, openks.CollectiveStrategy):
+    for strategy in (
+        openks.SyncStrategy,
+        openks.AsyncStrategy,
+        openks.HalfAsyncStrategy,
+        openks.GeoStrategy,
+        openks.CollectiveStrategy,
+    ):
         assert strategy().mode
 
 
@@ -271,8 +384,9 @@ def test_one_process_role_and_split_files():
     algorithm = openks.KSDistributedFactory.instantiation(0)
     role = openks.PaddleCloudRoleMaker()
     algorithm.init(role)
-    assert role.to_string() == ("role=worker index=0 worker_num=1 trainer_endpoints=[] "
-                                "pserver_endpoints=[]")
+    assert role.to_string() == (
+        "role=worker index=0 worker_num=1 trainer_endpoints=[] pserver_endpoints=[]"
+    )
     role.barrier_all()  # alone: returns at once
     assert algorithm.is_first_worker() and algorithm.is_worker() and not algorithm.is_server()
     assert algorithm.worker_num() == 1 and algorithm.worker_endpoints(to_string=True) == ""
@@ -349,9 +463,26 @@ def test_the_gpu_path_writes_collective_ops_into_the_program(tmp_path):
     script = tmp_path / "collective_program.py"
     script.write_text(COLLECTIVE_PROGRAM)
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.openks.launch", "--mode", "gpu", "--worker_num", "2",
-         "--log_dir", str(tmp_path / "logs"), "--timeout", "120", str(script), str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.openks.launch",
+            "--mode",
+            "gpu",
+            "--worker_num",
+            "2",
+            "--log_dir",
+            str(tmp_path / "logs"),
+            "--timeout",
+            "120",
+            str(script),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for index in range(2):
         worker = json.loads((tmp_path / f"worker-{index}.json").read_text())

@@ -18,11 +18,24 @@ def small_learner(tmp_path):
     from kspipe.reptile.programs import build_programs
 
     paddle.enable_static()
-    cfg = compose_config(["model.filters=8", "task.ways=3", "seed=7", "train.keep_checkpoints=1",
-                          f"run_dir={tmp_path / 'run'}"])
+    cfg = compose_config(
+        [
+            "model.filters=8",
+            "task.ways=3",
+            "seed=7",
+            "train.keep_checkpoints=1",
+            f"run_dir={tmp_path / 'run'}",
+        ]
+    )
     programs = build_programs((28, 28, 1), 3, cfg.model, 0.01, seed=0)
-    learner = ReptileLearner(cfg, None, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), reporter=None)
+    learner = ReptileLearner(
+        cfg,
+        None,
+        programs,
+        paddle.static.Executor(paddle.CPUPlace()),
+        paddle.static.Scope(),
+        reporter=None,
+    )
     learner.initialize()
     return learner
 
@@ -50,16 +63,19 @@ def test_a_write_that_stops_halfway_leaves_the_last_checkpoint_alone(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(learner.p.train, learner.scope, str(folder), 2, {}, 3, learner.cfg,
-                        tables=interrupted)
+        checkpoint.save(
+            learner.p.train, learner.scope, str(folder), 2, {}, 3, learner.cfg, tables=interrupted
+        )
     assert os.listdir(folder) == ["checkpoint-0000001"]
 
 
 def test_a_launcher_discards_the_checkpoints_its_killed_processes_were_writing(tmp_path):
-    for path in ["checkpoints/checkpoint-0000004/state.pdparams",
-                 "checkpoints/checkpoint-0000008.tmp/state.pdparams",
-                 "checkpoints/worker-1/checkpoint-0000008.tmp/progress.json",
-                 "logs/worker.0.log"]:
+    for path in [
+        "checkpoints/checkpoint-0000004/state.pdparams",
+        "checkpoints/checkpoint-0000008.tmp/state.pdparams",
+        "checkpoints/worker-1/checkpoint-0000008.tmp/progress.json",
+        "logs/worker.0.log",
+    ]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x")
     checkpoint.discard_unfinished(str(tmp_path))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from kspipe import compiling
+from kspipe.errors import ConfigError
 from kspipe.modes.role import Role
 from kspipe.reptile import plugin as reptile
 from kspipe.reptile.programs import build_programs
-from kspipe.errors import ConfigError
 from kspipe.testing import compose_config
 
 
@@ -29,8 +29,9 @@ def train_steps(onednn: bool, build_strategy=None):
     for batch in (10, 5, 7):
         x = rng.random((batch, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 5, (batch, 1))
-        (loss,) = exe.run(programs.train_program, feed={"x": x, "y": y},
-                          fetch_list=[programs.loss], scope=scope)
+        (loss,) = exe.run(
+            programs.train_program, feed={"x": x, "y": y}, fetch_list=[programs.loss], scope=scope
+        )
         losses.append(float(np.asarray(loss).mean()))
     return programs, np.array(losses)
 
@@ -47,11 +48,14 @@ def first_step(onednn: bool) -> tuple:
     rng = np.random.default_rng(0)
     x = rng.random((10, 1, 28, 28), dtype=np.float32)
     y = rng.integers(0, 5, (10, 1))
-    (logits,) = exe.run(programs.forward, feed={"x": x}, fetch_list=[programs.logits],
-                        scope=scope)
+    (logits,) = exe.run(programs.forward, feed={"x": x}, fetch_list=[programs.logits], scope=scope)
     names = [p.name for p in programs.train_program.all_parameters() if p.trainable]
-    loss, *grads = exe.run(programs.train_program, feed={"x": x, "y": y},
-                           fetch_list=[programs.loss, *(f"{n}@GRAD" for n in names)], scope=scope)
+    loss, *grads = exe.run(
+        programs.train_program,
+        feed={"x": x, "y": y},
+        fetch_list=[programs.loss, *(f"{n}@GRAD" for n in names)],
+        scope=scope,
+    )
     return logits, loss, dict(zip(names, grads))
 
 
@@ -71,8 +75,7 @@ def test_onednn_convolutions_match_the_default_kernels():
     assert grads.keys() == grads0.keys() and "conv0.w" in grads
     for name, grad in grads.items():
         scale = float(np.abs(grads0[name]).max())
-        np.testing.assert_allclose(grad, grads0[name], rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=name)
+        np.testing.assert_allclose(grad, grads0[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name)
 
 
 def test_build_strategy_options_compile_the_training_program():
@@ -87,9 +90,15 @@ def test_build_strategy_options_hold_on_lanes_that_share_programs(tiny_cfg):
     from kspipe.pipeline import run
     from kspipe.testing import plugin_manager
 
-    cfg = tiny_cfg("+compile.build_strategy.fuse_elewise_add_act_ops=true",
-                   "train.meta_batch=4", "train.threads=2", "eval.threads=2",
-                   "eval.batch_tasks=2", "eval.tasks=4", "eval.interval=0")
+    cfg = tiny_cfg(
+        "+compile.build_strategy.fuse_elewise_add_act_ops=true",
+        "train.meta_batch=4",
+        "train.threads=2",
+        "eval.threads=2",
+        "eval.batch_tasks=2",
+        "eval.tasks=4",
+        "eval.interval=0",
+    )
     metrics = run(cfg, plugin_manager())
     assert 0 <= metrics["test_accuracy"] <= 1 and np.isfinite(metrics["tasks_per_s"])
 
@@ -105,8 +114,10 @@ def test_graphviz_path_writes_the_program_graph_as_an_artifact(tiny_cfg):
     from kspipe.pipeline import run
     from kspipe.testing import plugin_manager
 
-    cfg = tiny_cfg("+compile.build_strategy.debug_graphviz_path=graph/program",
-                   "+compile.build_strategy.fuse_elewise_add_act_ops=true")
+    cfg = tiny_cfg(
+        "+compile.build_strategy.debug_graphviz_path=graph/program",
+        "+compile.build_strategy.fuse_elewise_add_act_ops=true",
+    )
     run(cfg, plugin_manager())
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     (record,) = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id])
@@ -116,11 +127,14 @@ def test_graphviz_path_writes_the_program_graph_as_an_artifact(tiny_cfg):
     assert text.startswith("digraph") and "conv2d" in text
 
 
-@pytest.mark.parametrize("option, message", [
-    ("num_iteration_per_drop_scope", "no longer honours it"),
-    ("allow_op_delay", "no longer honours it"),
-    ("warp_speed", "no such option"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("num_iteration_per_drop_scope", "no longer honours it"),
+        ("allow_op_delay", "no longer honours it"),
+        ("warp_speed", "no such option"),
+    ],
+)
 def test_execution_strategy_options(option, message):
     with pytest.raises(ConfigError, match=f"compile.execution_strategy.{option}: .*{message}"):
         compiling.apply_execution_strategy({option: 1})

@@ -10,13 +10,23 @@ import pytest
 
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
-from kspipe.testing import (assert_one_line_error, compose_config, plugin_manager, run_kspipe,
-                            tiny_overrides)
+from kspipe.testing import (
+    assert_one_line_error,
+    compose_config,
+    plugin_manager,
+    run_kspipe,
+    tiny_overrides,
+)
 
 
 def common(tmp_path, tiny_data):
-    return ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data), "eval.tasks=20",
-            "eval.interval=0", "train.meta_iters=4"]
+    return [
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, tiny_data),
+        "eval.tasks=20",
+        "eval.interval=0",
+        "train.meta_iters=4",
+    ]
 
 
 def kspipe(tmp_path, *args):
@@ -33,8 +43,15 @@ def chain(tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("incremental")
     args = common(tmp, tiny_data)
     local = kspipe(tmp, *args, f"run_dir={tmp / 'local'}")
-    cluster = kspipe(tmp, *args, "mode=pserver", "workers=2", "cluster.strategy=sync",
-                     f"init_from={tmp / 'local'}", f"run_dir={tmp / 'cluster'}")
+    cluster = kspipe(
+        tmp,
+        *args,
+        "mode=pserver",
+        "workers=2",
+        "cluster.strategy=sync",
+        f"init_from={tmp / 'local'}",
+        f"run_dir={tmp / 'cluster'}",
+    )
     back = kspipe(tmp, *args, f"init_from={tmp / 'cluster'}", f"run_dir={tmp / 'back'}")
     return tmp, local, cluster, back
 
@@ -59,10 +76,14 @@ def test_a_save_persistables_folder_is_a_source(chain, tmp_path, tiny_data):
     saved = tmp_path / "saved"
     saved.mkdir()
     for suffix in ("pdparams", "pdopt"):  # what paddle.static.save writes, as a checkpoint
-        shutil.copy(tmp / "local" / "checkpoints" / "checkpoint-0000004" / f"state.{suffix}",
-                    saved / f"persistables.{suffix}")
-    metrics = run(compose_config([*common(tmp_path, tiny_data), "train.meta_iters=1",
-                                  f"init_from={saved}"]), plugin_manager())
+        shutil.copy(
+            tmp / "local" / "checkpoints" / "checkpoint-0000004" / f"state.{suffix}",
+            saved / f"persistables.{suffix}",
+        )
+    metrics = run(
+        compose_config([*common(tmp_path, tiny_data), "train.meta_iters=1", f"init_from={saved}"]),
+        plugin_manager(),
+    )
     assert metrics["baseline_test_accuracy"] == local["test_accuracy"]
     assert metrics["baseline_test_accuracy_ci95"] == local["test_accuracy_ci95"]
 
@@ -84,12 +105,19 @@ def test_a_source_of_another_model_or_workload_is_one_line(chain, tmp_path, tiny
     message = bad(tmp_path, tiny_data, f"init_from={other}")
     assert message.endswith("saved by the ctr workload, this run is reptile")
     assert "no such folder" in bad(tmp_path, tiny_data, f"init_from={tmp_path / 'nowhere'}")
-    assert "give one of them" in bad(tmp_path, tiny_data, f"init_from={tmp / 'local'}",
-                                     f"resume={tmp / 'local'}")
+    assert "give one of them" in bad(
+        tmp_path, tiny_data, f"init_from={tmp / 'local'}", f"resume={tmp / 'local'}"
+    )
 
 
 def test_a_bad_source_fails_a_cluster_before_any_process_starts(chain, tmp_path, tiny_data):
-    result = run_kspipe(*common(tmp_path, tiny_data), "mode=pserver", "workers=2",
-                        f"init_from={tmp_path / 'nowhere'}", cwd=tmp_path, timeout=120)
+    result = run_kspipe(
+        *common(tmp_path, tiny_data),
+        "mode=pserver",
+        "workers=2",
+        f"init_from={tmp_path / 'nowhere'}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(result, f"init_from={tmp_path / 'nowhere'}: no such folder")
     assert not (tmp_path / "run" / "debug").exists()  # no process was started

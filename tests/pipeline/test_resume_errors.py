@@ -34,8 +34,15 @@ def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("saved")
     scope = paddle.static.Scope()
     cfg, programs, _ = programs_and_state(16, scope)
-    checkpoint.save(programs.train, scope, str(folder / "checkpoints"), 4,
-                    {"meta_iteration": 4, "tasks_done": 8}, 1, cfg)
+    checkpoint.save(
+        programs.train,
+        scope,
+        str(folder / "checkpoints"),
+        4,
+        {"meta_iteration": 4, "tasks_done": 8},
+        1,
+        cfg,
+    )
     return folder
 
 
@@ -60,22 +67,33 @@ def test_the_same_model_loads(saved):
 
 def truncate(file):
     data = file.read_bytes()
-    file.write_bytes(data[:len(data) // 2])
+    file.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("damage, file, fragment", [
-    (lambda ckpt: truncate(ckpt / "state.pdparams"), "state.pdparams", "cannot read"),
-    (lambda ckpt: (ckpt / "state.pdparams").write_bytes(b"not a pickle"), "state.pdparams",
-     "cannot read"),
-    (lambda ckpt: (ckpt / "state.pdparams").unlink(), "state.pdparams", "cannot read"),
-    (lambda ckpt: truncate(ckpt / "state.pdopt"), "state.pdopt", "cannot read"),
-    (lambda ckpt: (ckpt / "progress.json").write_text("{garbage"), "progress.json",
-     "cannot read"),
-    (lambda ckpt: (ckpt / "progress.json").write_text("[4]"), "progress.json",
-     "holds no progress record"),
-])
-def test_a_damaged_checkpoint_is_one_line_naming_the_file(saved, tmp_path, damage, file,
-                                                          fragment):
+@pytest.mark.parametrize(
+    "damage, file, fragment",
+    [
+        (lambda ckpt: truncate(ckpt / "state.pdparams"), "state.pdparams", "cannot read"),
+        (
+            lambda ckpt: (ckpt / "state.pdparams").write_bytes(b"not a pickle"),
+            "state.pdparams",
+            "cannot read",
+        ),
+        (lambda ckpt: (ckpt / "state.pdparams").unlink(), "state.pdparams", "cannot read"),
+        (lambda ckpt: truncate(ckpt / "state.pdopt"), "state.pdopt", "cannot read"),
+        (
+            lambda ckpt: (ckpt / "progress.json").write_text("{garbage"),
+            "progress.json",
+            "cannot read",
+        ),
+        (
+            lambda ckpt: (ckpt / "progress.json").write_text("[4]"),
+            "progress.json",
+            "holds no progress record",
+        ),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(saved, tmp_path, damage, file, fragment):
     import pathlib
 
     run, found = copy_of(saved, tmp_path)
@@ -89,8 +107,11 @@ def test_a_damaged_checkpoint_is_one_line_naming_the_file(saved, tmp_path, damag
 
 
 def test_a_checkpoint_of_another_model_shape_is_refused(saved):
-    with pytest.raises(ConfigError, match=r"state\.pdparams was saved by another model: "
-                                          r"\S+ has shape \[16, .*\] there, the model has \[32, "):
+    with pytest.raises(
+        ConfigError,
+        match=r"state\.pdparams was saved by another model: "
+        r"\S+ has shape \[16, .*\] there, the model has \[32, ",
+    ):
         load_into(32, saved)
 
 
@@ -113,10 +134,13 @@ def test_a_checkpoint_of_another_model_is_refused(saved, tmp_path):
         load_into(16, run)
 
 
-@pytest.mark.parametrize("where, fragment", [
-    ("empty", "no checkpoint found there"),
-    ("missing", "no such folder"),
-])
+@pytest.mark.parametrize(
+    "where, fragment",
+    [
+        ("empty", "no checkpoint found there"),
+        ("missing", "no such folder"),
+    ],
+)
 def test_no_checkpoint_is_one_line(tmp_path, where, fragment):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=f"resume={tmp_path / where}: {fragment}"):
@@ -127,9 +151,15 @@ def test_no_checkpoint_is_one_line(tmp_path, where, fragment):
 
 
 def kspipe(tmp_path, data, *args):
-    return run_kspipe("+experiment=omniglot_5way", *tiny_overrides(tmp_path, data),
-                      "train.meta_iters=1", "eval.baseline=false", *args, cwd=tmp_path,
-                      timeout=300)
+    return run_kspipe(
+        "+experiment=omniglot_5way",
+        *tiny_overrides(tmp_path, data),
+        "train.meta_iters=1",
+        "eval.baseline=false",
+        *args,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("case", ["shape", "progress", "none"])
@@ -140,15 +170,17 @@ def test_the_command_says_one_line_and_trains_nothing(saved, tmp_path, tiny_data
     if case == "progress":
         with open(f"{found}/progress.json", "w") as f:
             json.dump("garbage", f)
-    result = kspipe(tmp_path, tiny_data, *args, f"run_dir={tmp_path / 'again'}",
-                    f"resume={resume}")
+    result = kspipe(tmp_path, tiny_data, *args, f"run_dir={tmp_path / 'again'}", f"resume={resume}")
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith(f"kspipe: error: resume={resume}: ")
-    named = {"shape": f"{found}/state.pdparams", "progress": f"{found}/progress.json",
-             "none": "no checkpoint found there"}[case]
+    named = {
+        "shape": f"{found}/state.pdparams",
+        "progress": f"{found}/progress.json",
+        "none": "no checkpoint found there",
+    }[case]
     assert named in errors[0]
     assert not (tmp_path / "again" / "checkpoints").exists()
     assert "RUNNING" not in run_statuses(tmp_path / "mlflow.db")

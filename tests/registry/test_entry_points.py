@@ -42,10 +42,13 @@ def fake_plugin(monkeypatch, module_name: str) -> types.ModuleType:
     """A plugin module ``module_name`` (importable for the test) whose
     ``kspipe_config_dirs`` names it."""
     module = types.ModuleType(module_name)
-    exec("from kspipe import hookimpl\n"
-         "@hookimpl\n"
-         "def kspipe_config_dirs():\n"
-         f"    return ['pkg://{module_name}']\n", module.__dict__)
+    exec(
+        "from kspipe import hookimpl\n"
+        "@hookimpl\n"
+        "def kspipe_config_dirs():\n"
+        f"    return ['pkg://{module_name}']\n",
+        module.__dict__,
+    )
     monkeypatch.setitem(sys.modules, module_name, module)
     return module
 
@@ -63,11 +66,13 @@ def test_installed_plugins_load_from_the_entry_point_group(monkeypatch):
 
 @pytest.mark.parametrize("name", ["reptile", "collective", "mlflow"])
 def test_an_installed_plugin_with_a_builtin_name_is_not_loaded_and_warned_of(
-        monkeypatch, capsys, name):
+    monkeypatch, capsys, name
+):
     collider = fake_plugin(monkeypatch, "kspipe_fake_collider")
     newcomer = fake_plugin(monkeypatch, "kspipe_fake_newcomer")
-    dist = fake_distribution("kspipe-collider", {name: "kspipe_fake_collider",
-                                                 "newcomer": "kspipe_fake_newcomer"})
+    dist = fake_distribution(
+        "kspipe-collider", {name: "kspipe_fake_collider", "newcomer": "kspipe_fake_newcomer"}
+    )
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([dist]))
 
     pm = get_plugin_manager(load_entrypoints=True)
@@ -80,16 +85,20 @@ def test_an_installed_plugin_with_a_builtin_name_is_not_loaded_and_warned_of(
     assert ["pkg://kspipe_fake_collider"] not in pm.hook.kspipe_config_dirs()
     assert pm.get_plugin("newcomer") is newcomer  # the package's other plugin loads
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert lines == [f"kspipe: warning: the installed plugin {name!r} of kspipe-collider is "
-                     f"not loaded: a built-in or earlier plugin has that name; rename its "
-                     f"entry point"]
+    assert lines == [
+        f"kspipe: warning: the installed plugin {name!r} of kspipe-collider is "
+        f"not loaded: a built-in or earlier plugin has that name; rename its "
+        f"entry point"
+    ]
 
 
 def test_a_second_package_with_a_taken_name_is_not_loaded(monkeypatch, capsys):
     first = fake_plugin(monkeypatch, "kspipe_fake_first")
     second = fake_plugin(monkeypatch, "kspipe_fake_second")
-    dists = [fake_distribution("kspipe-first", {"blobs": "kspipe_fake_first"}),
-             fake_distribution("kspipe-second", {"blobs": "kspipe_fake_second"})]
+    dists = [
+        fake_distribution("kspipe-first", {"blobs": "kspipe_fake_first"}),
+        fake_distribution("kspipe-second", {"blobs": "kspipe_fake_second"}),
+    ]
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter(dists))
 
     pm = get_plugin_manager(load_entrypoints=True)
@@ -117,25 +126,50 @@ def test_plugins_lists_built_ins_and_installed_plugins_with_their_hooks(tmp_path
 def test_an_installed_plugin_package_is_found_and_runs(tmp_path, tiny_data):
     site, source = tmp_path / "site", tmp_path / "src" / "kspipe-shapes"
     # from a copy: building writes build/ and *.egg-info beside the sources
-    shutil.copytree(REPO / "plugins" / "kspipe-shapes", source,
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(source)], check=True, timeout=600)
+    shutil.copytree(
+        REPO / "plugins" / "kspipe-shapes",
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        timeout=600,
+    )
     env = plugin_env(site)
     listing = run_kspipe("plugins", cwd=tmp_path, env=env, timeout=120)
     shapes = [line for line in listing.stdout.splitlines() if line.startswith("shapes")]
     assert shapes and "kspipe-shapes 0.1.0" in shapes[0] and "kspipe_read_dataset" in shapes[0]
-    helped = run_kspipe("+experiment=shapes_5way", "shapes.classes=30", "--help", cwd=tmp_path,
-                        env=env, timeout=120)
+    helped = run_kspipe(
+        "+experiment=shapes_5way", "shapes.classes=30", "--help", cwd=tmp_path, env=env, timeout=120
+    )
     assert helped.returncode == 0, helped.stderr
-    experiments = next(line for line in helped.stdout.splitlines()
-                       if line.startswith("experiments"))
+    experiments = next(
+        line for line in helped.stdout.splitlines() if line.startswith("experiments")
+    )
     assert "shapes_5way" in experiments and "omniglot_5way" in experiments
     assert "shapes:\n  classes: 30\n" in helped.stdout  # the plugin's schema, composed
-    result = run_kspipe("+experiment=shapes_5way", f"run_dir={tmp_path / 'run'}",
-                        f"tracking.uri={begun_store(tmp_path)}", "train.meta_iters=4",
-                        "eval.tasks=3", "eval.interval=2", "shapes.classes=30", cwd=tmp_path,
-                        env=env)
+    result = run_kspipe(
+        "+experiment=shapes_5way",
+        f"run_dir={tmp_path / 'run'}",
+        f"tracking.uri={begun_store(tmp_path)}",
+        "train.meta_iters=4",
+        "eval.tasks=3",
+        "eval.interval=2",
+        "shapes.classes=30",
+        cwd=tmp_path,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id])

@@ -21,14 +21,30 @@ def test_a_ctr_run_writes_nothing_outside_its_run_folder(tmp_path, mode):
     home = tmp_path / "home"
     for folder in (work, temporary, home):
         folder.mkdir()
-    env = {name: value for name, value in os.environ.items()  # a user's shell, not a test's
-           if name not in ("PYTEST_CURRENT_TEST", "CI") and not name.startswith("XDG_")}
+    env = {
+        name: value
+        for name, value in os.environ.items()  # a user's shell, not a test's
+        if name not in ("PYTEST_CURRENT_TEST", "CI") and not name.startswith("XDG_")
+    }
     env.update(KSPIPE_CACHE_DIR=str(cache), TMPDIR=str(temporary), HOME=str(home))
     result = subprocess.run(
-        [sys.executable, "-m", "kspipe.cli.command", "+experiment=ctr_datafeed", f"mode={mode}",
-         "workers=2", "ctr.epochs=1", "datafeed.generated.lines_per_file=300",
-         "cluster.timeout_s=240"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "kspipe.cli.command",
+            "+experiment=ctr_datafeed",
+            f"mode={mode}",
+            "workers=2",
+            "ctr.epochs=1",
+            "datafeed.generated.lines_per_file=300",
+            "cluster.timeout_s=240",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert set(os.listdir(work)) <= ALLOWED, sorted(os.listdir(work))
     assert os.listdir(temporary) == []  # MLflow's store lock file went with kspipe's folder
@@ -40,8 +56,13 @@ def test_a_ctr_run_writes_nothing_outside_its_run_folder(tmp_path, mode):
 
 
 def test_the_checkout_holds_no_generated_file():
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
-    generated = [f for f in tracked if f.endswith((".prototxt", ".log", ".db", ".pyc"))
-                 and not f.startswith(("tests/", "examples/"))]
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    generated = [
+        f
+        for f in tracked
+        if f.endswith((".prototxt", ".log", ".db", ".pyc"))
+        and not f.startswith(("tests/", "examples/"))
+    ]
     assert generated == []

@@ -9,13 +9,15 @@ import pytest
 
 from kspipe import hookimpl, hookspecs
 from kspipe.errors import ConfigError
-from kspipe.pipeline import run
-from kspipe.pipeline import check_mode, stage_caller
+from kspipe.pipeline import check_mode, run, stage_caller
 from kspipe.plugin_manager import STAGES, get_plugin_manager
 from kspipe.testing import HookRecorder, plugin_manager
 
-HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-         if name.startswith("kspipe_")]
+HOOKS = [
+    name
+    for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+    if name.startswith("kspipe_")
+]
 
 
 def test_every_hook_is_prefixed_and_documented():
@@ -27,8 +29,14 @@ def test_every_hook_is_prefixed_and_documented():
             assert f":param {param}:" in doc, (name, param)
 
 
-BUILTIN_SERVING = {"role": "local", "dataset": "open_ks", "program": "reptile",
-                   "compile": "reptile", "execute": "reptile", "save": "reptile"}
+BUILTIN_SERVING = {
+    "role": "local",
+    "dataset": "open_ks",
+    "program": "reptile",
+    "compile": "reptile",
+    "execute": "reptile",
+    "save": "reptile",
+}
 
 
 def test_every_stage_has_a_firstresult_hook_and_a_builtin_implementation():
@@ -71,14 +79,21 @@ class StageSpy:
     def kspipe_execute(self, cfg, role, dataset, programs, executor, scope, reporter):
         self.order.append("kspipe_execute")
         return self.builtin["reptile"].kspipe_execute(
-            cfg=cfg, role=role, dataset=dataset, programs=programs, executor=executor,
-            scope=scope, reporter=reporter)
+            cfg=cfg,
+            role=role,
+            dataset=dataset,
+            programs=programs,
+            executor=executor,
+            scope=scope,
+            reporter=reporter,
+        )
 
     @hookimpl
     def kspipe_save_inference_model(self, cfg, role, programs, executor, scope, dirname):
         self.order.append("kspipe_save_inference_model")
         return self.builtin["reptile"].kspipe_save_inference_model(
-            cfg=cfg, role=role, programs=programs, executor=executor, scope=scope, dirname=dirname)
+            cfg=cfg, role=role, programs=programs, executor=executor, scope=scope, dirname=dirname
+        )
 
     @hookimpl
     def kspipe_config_dirs(self):
@@ -93,9 +108,14 @@ def test_config_chooses_the_plugin_of_each_stage_and_every_hook_fires(tiny_cfg):
     run(cfg, pm)
     assert spy.order == list(STAGES.values())
     fired = set(spy.order) | set(recorder.names())
-    assert fired | {"kspipe_run_error", "kspipe_on_stage_error", "kspipe_config_dirs",
-                    "kspipe_describe_workload", "kspipe_process_launchers",
-                    "kspipe_config_schemas"} == set(HOOKS)
+    assert fired | {
+        "kspipe_run_error",
+        "kspipe_on_stage_error",
+        "kspipe_config_dirs",
+        "kspipe_describe_workload",
+        "kspipe_process_launchers",
+        "kspipe_config_schemas",
+    } == set(HOOKS)
     assert pm.hook.kspipe_config_dirs() == [[]]
 
 
@@ -107,8 +127,15 @@ def test_run_error_hook_hears_a_failing_stage(tiny_cfg):
 
     recorder = HookRecorder()
     with pytest.raises(ConfigError):
-        run(tiny_cfg("stages.program=broken", "stages.compile=reptile", "stages.execute=reptile",
-                     "stages.save=reptile"), plugin_manager(("broken", Broken()), recorder))
+        run(
+            tiny_cfg(
+                "stages.program=broken",
+                "stages.compile=reptile",
+                "stages.execute=reptile",
+                "stages.save=reptile",
+            ),
+            plugin_manager(("broken", Broken()), recorder),
+        )
     assert recorder.names()[-1] == "kspipe_run_error"
     assert isinstance(recorder.calls[-1][1]["error"], ConfigError)
 
@@ -127,7 +154,11 @@ def test_a_misspelt_hook_is_rejected():
 
 def test_unknown_plugin_for_a_stage_lists_the_available_ones():
     pm = get_plugin_manager(load_entrypoints=False)
-    with pytest.raises(ConfigError, match=r"stages.dataset='imagenet22k'.*available: datafeed, open_ks"):
+    with pytest.raises(
+        ConfigError, match=r"stages.dataset='imagenet22k'.*available: datafeed, open_ks"
+    ):
         stage_caller(pm, "dataset", "imagenet22k")
-    with pytest.raises(ConfigError, match=r"unknown mode 'ring' \(available: collective, local, pserver\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown mode 'ring' \(available: collective, local, pserver\)"
+    ):
         check_mode(pm, "ring")

@@ -14,8 +14,11 @@ def modules() -> list[Path]:
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in modules()
-            if (n := len(p.read_text().splitlines())) > MOST_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MOST_LINES
+    }
     assert not long, f"modules over {MOST_LINES} lines (split them by concern): {long}"
 
 

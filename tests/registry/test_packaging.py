@@ -22,17 +22,22 @@ sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower(
 sys.path.insert(0, {where!r})
 """
 
-RUN_FROM_WHEEL = FROM_WHEEL + """
+RUN_FROM_WHEEL = (
+    FROM_WHEEL
+    + """
 import kspipe
 assert kspipe.__file__.startswith({where!r}), kspipe.__file__
 sys.argv = ["kspipe", "+experiment=omniglot_5way", "workers=0"]
 from kspipe.cli.command import main
 main()
 """
+)
 
 #: The public kit from the wheel, outside the checkout: every name it exports is there, and
 #: importing it sets no environment variable and loads no Paddle (nor its allocator).
-KIT_FROM_WHEEL = FROM_WHEEL + """
+KIT_FROM_WHEEL = (
+    FROM_WHEEL
+    + """
 import os
 before = dict(os.environ)
 import kspipe.testing
@@ -42,6 +47,7 @@ for name in kspipe.testing.__all__:
 assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
 assert "paddle" not in sys.modules
 """
+)
 
 #: The public kit's modules, all the wheel's kspipe/testing holds.
 PUBLIC_KIT = ["__init__.py", "commands.py", "runs.py", "serving.py"]
@@ -51,8 +57,11 @@ PUBLIC_KIT = ["__init__.py", "commands.py", "runs.py", "serving.py"]
 def wheel(tmp_path_factory):
     """kspipe's wheel, built from the checkout, and the folder it is unpacked in."""
     tmp_path = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        timeout=600,
+    )
     (wheel,) = tmp_path.glob("kspipe-*.whl")
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)
@@ -60,8 +69,14 @@ def wheel(tmp_path_factory):
 
 
 def from_wheel(script: str, unpacked: Path, cwd: Path, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script.format(where=str(unpacked))], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", script.format(where=str(unpacked))],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_wheel_has_configs_and_runs_outside_the_checkout(wheel, tmp_path):
@@ -79,13 +94,17 @@ def test_wheel_has_the_public_test_kit_and_none_of_the_suites_pieces(wheel, tmp_
     wheel, unpacked = wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.startswith("tests/")]
-    assert sorted(n.rpartition("/")[2] for n in names
-                  if n.startswith("kspipe/testing/")) == PUBLIC_KIT
+    assert (
+        sorted(n.rpartition("/")[2] for n in names if n.startswith("kspipe/testing/")) == PUBLIC_KIT
+    )
     # no module of the wheel defines a piece of the suite's kit (a Slurm on loopback, disk
     # mounts, the suite's jobs and constants), wherever it was put
     defines = re.compile(rf"^(?:def |class )?({'|'.join(kit.__all__)})\b\s*[=(:]", re.M)
-    found = {name: defines.findall((unpacked / name).read_text())
-             for name in names if name.endswith(".py")}
+    found = {
+        name: defines.findall((unpacked / name).read_text())
+        for name in names
+        if name.endswith(".py")
+    }
     assert {name: pieces for name, pieces in found.items() if pieces} == {}
     # in an environment of PATH alone, where a variable set by default would show
     result = from_wheel(KIT_FROM_WHEEL, unpacked, tmp_path, env={"PATH": os.environ["PATH"]})

@@ -39,7 +39,8 @@ MODULES = module_files()
 def is_type_checking(node) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports(module: str, module_level: bool = True, skip_functions: tuple = ()) -> list:
@@ -54,7 +55,8 @@ def imports(module: str, module_level: bool = True, skip_functions: tuple = ()) 
     def visit(node):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and (
-                    module_level or getattr(child, "name", None) in skip_functions):
+                module_level or getattr(child, "name", None) in skip_functions
+            ):
                 continue
             if isinstance(child, ast.If) and is_type_checking(child):
                 continue
@@ -63,7 +65,7 @@ def imports(module: str, module_level: bool = True, skip_functions: tuple = ()) 
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = module.split(".") if is_package else module.split(".")[:-1]
-                    base = base[:len(base) - child.level + 1]
+                    base = base[: len(base) - child.level + 1]
                     source = ".".join(base + ([child.module] if child.module else []))
                 else:
                     source = child.module
@@ -80,11 +82,31 @@ def within(name: str, packages) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-PLUGIN_PACKAGES = ("kspipe.modes", "kspipe.reptile", "kspipe.ctr", "kspipe.datafeed",
-                   "kspipe.fewshot", "kspipe.observers", "kspipe.openks")
-CORE = ("pipeline", "plugin_manager", "hookspecs", "contracts", "errors", "config", "files",
-        "reporting", "checkpoint", "inference", "compiling", "role", "incremental",
-        "saved_tables")
+PLUGIN_PACKAGES = (
+    "kspipe.modes",
+    "kspipe.reptile",
+    "kspipe.ctr",
+    "kspipe.datafeed",
+    "kspipe.fewshot",
+    "kspipe.observers",
+    "kspipe.openks",
+)
+CORE = (
+    "pipeline",
+    "plugin_manager",
+    "hookspecs",
+    "contracts",
+    "errors",
+    "config",
+    "files",
+    "reporting",
+    "checkpoint",
+    "inference",
+    "compiling",
+    "role",
+    "incremental",
+    "saved_tables",
+)
 WORKLOADS = ("kspipe.reptile", "kspipe.ctr")
 MODES = ("kspipe.modes",)
 
@@ -103,16 +125,20 @@ def test_core_modules_import_no_plugin_package(name):
         found = imports(module, module_level=False, skip_functions=("builtin_plugins",))
     else:
         found = imports(module)
-    bad = [f"line {line}: {imported}" for imported, line in found
-           if within(imported, PLUGIN_PACKAGES)]
+    bad = [
+        f"line {line}: {imported}" for imported, line in found if within(imported, PLUGIN_PACKAGES)
+    ]
     assert not bad, f"{module} imports plugin packages: {bad}"
 
 
 def test_workloads_import_no_mode():
-    bad = [f"{module} line {line}: {imported}"
-           for module in MODULES if within(module, WORKLOADS)
-           for imported, line in imports(module, module_level=False)
-           if within(imported, MODES)]
+    bad = [
+        f"{module} line {line}: {imported}"
+        for module in MODULES
+        if within(module, WORKLOADS)
+        for imported, line in imports(module, module_level=False)
+        if within(imported, MODES)
+    ]
     assert not bad, f"workloads import modes (ask the role instead): {bad}"
 
 
@@ -138,8 +164,11 @@ def test_workloads_reach_no_mode_through_another_module():
     ...) imports no mode either, not even inside a function, but where the registry lists
     the built-in plugins; the walk is seen to follow the imports."""
     graph = import_graph(skip=REGISTRY)
-    bad = {module: sorted(m for m in reached(module, graph) if within(m, MODES))
-           for module in MODULES if within(module, WORKLOADS)}
+    bad = {
+        module: sorted(m for m in reached(module, graph) if within(m, MODES))
+        for module in MODULES
+        if within(module, WORKLOADS)
+    }
     bad = {module: modes for module, modes in bad.items() if modes}
     assert not bad, f"workloads reach modes through other modules: {bad}"
     assert "kspipe.role" in reached("kspipe.reptile.learner", graph)
@@ -147,18 +176,24 @@ def test_workloads_reach_no_mode_through_another_module():
 
 
 def test_modes_import_no_workload_or_data_set():
-    bad = [f"{module} line {line}: {imported}"
-           for module in MODULES if within(module, MODES)
-           for imported, line in imports(module, module_level=False)
-           if within(imported, WORKLOADS + ("kspipe.datafeed", "kspipe.fewshot"))]
+    bad = [
+        f"{module} line {line}: {imported}"
+        for module in MODULES
+        if within(module, MODES)
+        for imported, line in imports(module, module_level=False)
+        if within(imported, WORKLOADS + ("kspipe.datafeed", "kspipe.fewshot"))
+    ]
     assert not bad, f"modes import workloads or data sets: {bad}"
 
 
 def test_nothing_outside_the_observers_imports_them_at_module_level():
-    bad = [f"{module} line {line}: {imported}"
-           for module in MODULES if not within(module, ("kspipe.observers",))
-           for imported, line in imports(module)
-           if within(imported, ("kspipe.observers",))]
+    bad = [
+        f"{module} line {line}: {imported}"
+        for module in MODULES
+        if not within(module, ("kspipe.observers",))
+        for imported, line in imports(module)
+        if within(imported, ("kspipe.observers",))
+    ]
     assert not bad, bad
 
 
@@ -168,20 +203,26 @@ def test_only_the_tracking_observer_imports_mlflow():
     shipped plugins; each of the three does, so the rule sees the imports."""
     sources = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
     sources += [p for p in (ROOT / "plugins").glob("*/kspipe_*/**/*.py")]
-    allowed = {PACKAGE / "observers" / "mlflow" / name
-               for name in ("store.py", "record.py", "serving.py")}
+    allowed = {
+        PACKAGE / "observers" / "mlflow" / name for name in ("store.py", "record.py", "serving.py")
+    }
     importers, bad = set(), []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                     else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             if any(within(n, ("mlflow",)) for n in names):
                 importers.add(path)
                 if path not in allowed:
                     bad.append(f"{path.relative_to(ROOT)} line {node.lineno}")
-    assert not bad, ("only kspipe/observers/mlflow/store.py, record.py and serving.py may "
-                     f"import mlflow: {bad}")
+    assert not bad, (
+        f"only kspipe/observers/mlflow/store.py, record.py and serving.py may import mlflow: {bad}"
+    )
     assert importers == allowed, sorted(str(p.relative_to(ROOT)) for p in allowed - importers)
 
 
@@ -190,10 +231,16 @@ def import_graph(skip: dict | None = None) -> dict[str, set[str]]:
     deferred into a function is still a dependency, only a later one), but in the
     functions ``skip`` names (``{module: function names}``)."""
     skip = skip or {}
-    return {module: {imported for imported, _ in imports(module, module_level=False,
-                                                         skip_functions=skip.get(module, ()))
-                     if imported in MODULES and imported != module}
-            for module in MODULES}
+    return {
+        module: {
+            imported
+            for imported, _ in imports(
+                module, module_level=False, skip_functions=skip.get(module, ())
+            )
+            if imported in MODULES and imported != module
+        }
+        for module in MODULES
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -241,11 +288,14 @@ def test_kspipe_modules_import_one_another_without_a_cycle():
 # --- the role contract --------------------------------------------------------------
 
 #: Where workloads and the helpers they call ask their role for something.
-ROLE_CALLERS = [*sorted((PACKAGE / "reptile").glob("*.py")),
-                *sorted((PACKAGE / "ctr").glob("*.py")),
-                *sorted((ROOT / "plugins" / "kspipe-classifier").glob("kspipe_classifier/*.py")),
-                *sorted((ROOT / "tests" / "plugins" / "bags").glob("kspipe_bags/*.py")),
-                PACKAGE / "incremental.py", PACKAGE / "checkpoint.py"]
+ROLE_CALLERS = [
+    *sorted((PACKAGE / "reptile").glob("*.py")),
+    *sorted((PACKAGE / "ctr").glob("*.py")),
+    *sorted((ROOT / "plugins" / "kspipe-classifier").glob("kspipe_classifier/*.py")),
+    *sorted((ROOT / "tests" / "plugins" / "bags").glob("kspipe_bags/*.py")),
+    PACKAGE / "incremental.py",
+    PACKAGE / "checkpoint.py",
+]
 
 
 def role_calls(path: Path) -> set[str]:
@@ -255,7 +305,8 @@ def role_calls(path: Path) -> set[str]:
         if isinstance(node, ast.Attribute):
             of = node.value
             if (isinstance(of, ast.Name) and of.id == "role") or (
-                    isinstance(of, ast.Attribute) and of.attr == "role"):
+                isinstance(of, ast.Attribute) and of.attr == "role"
+            ):
                 found.add(node.attr)
     return found
 
@@ -263,7 +314,8 @@ def role_calls(path: Path) -> set[str]:
 def members(protocol) -> set[str]:
     """The attributes and methods a Protocol names."""
     return {name for name in vars(protocol) if not name.startswith("_")} | set(
-        getattr(protocol, "__annotations__", {}))
+        getattr(protocol, "__annotations__", {})
+    )
 
 
 def test_every_role_call_of_a_workload_is_in_the_contract():
@@ -272,13 +324,22 @@ def test_every_role_call_of_a_workload_is_in_the_contract():
     bad = {str(path.relative_to(ROOT)): sorted(names) for path, names in calls.items() if names}
     assert not bad, f"workloads call role methods that kspipe.contracts.Role lacks: {bad}"
     seen = set().union(*(role_calls(path) for path in ROLE_CALLERS))
-    assert {"settle_tables", "save_tables", "load_tables", "load_table_rows",
-            "parameter_sync", "embedding"} <= seen  # the walk sees the calls
+    assert {
+        "settle_tables",
+        "save_tables",
+        "load_tables",
+        "load_table_rows",
+        "parameter_sync",
+        "embedding",
+    } <= seen  # the walk sees the calls
 
 
 #: The built-in roles: the one-process role (``mode=local``) and the distributed modes'.
-ROLES = ("kspipe.role:Role", "kspipe.modes.pserver:PserverRole",
-         "kspipe.modes.collective:CollectiveRole")
+ROLES = (
+    "kspipe.role:Role",
+    "kspipe.modes.pserver:PserverRole",
+    "kspipe.modes.collective:CollectiveRole",
+)
 
 
 def accepts(method, wanted) -> str:
@@ -293,8 +354,11 @@ def accepts(method, wanted) -> str:
             return f"no parameter {parameter.name} in place {i}"
         if parameter.default is not empty and have[i].default is empty:
             return f"no default for {parameter.name}"
-    extra = [p.name for p in have[len(want):]
-             if p.default is empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = [
+        p.name
+        for p in have[len(want) :]
+        if p.default is empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     return f"parameters the contract does not give: {extra}" if extra else ""
 
 
@@ -304,9 +368,11 @@ def test_every_mode_role_offers_the_contract(name):
     cls = getattr(importlib.import_module(module), attribute)
     missing = sorted(member for member in members(contracts.Role) if not hasattr(cls, member))
     assert not missing, f"{name} lacks {missing}"
-    wrong = {method: accepts(getattr(cls, method), getattr(contracts.Role, method))
-             for method in members(contracts.Role)
-             if callable(getattr(contracts.Role, method, None))}
+    wrong = {
+        method: accepts(getattr(cls, method), getattr(contracts.Role, method))
+        for method in members(contracts.Role)
+        if callable(getattr(contracts.Role, method, None))
+    }
     wrong = {method: why for method, why in wrong.items() if why}
     assert not wrong, f"{name}'s methods differ from kspipe.contracts.Role: {wrong}"
 

@@ -25,8 +25,14 @@ def make_learner(tiny_cfg):
         dataset = fewshot.kspipe_read_dataset(cfg=cfg, role=Role())
         programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
         programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-        learner = ReptileLearner(cfg, dataset, programs, paddle.static.Executor(paddle.CPUPlace()),
-                                 paddle.static.Scope(), QuietReporter())
+        learner = ReptileLearner(
+            cfg,
+            dataset,
+            programs,
+            paddle.static.Executor(paddle.CPUPlace()),
+            paddle.static.Scope(),
+            QuietReporter(),
+        )
         learner.initialize()
         return learner
 
@@ -35,8 +41,11 @@ def make_learner(tiny_cfg):
 
 def onednn(program) -> set:
     """(operator type, whether it runs on oneDNN's kernels) of ``program``'s operators."""
-    return {(op.type, op.attr("use_mkldnn")) for op in program.global_block().ops
-            if op.has_attr("use_mkldnn")}
+    return {
+        (op.type, op.attr("use_mkldnn"))
+        for op in program.global_block().ops
+        if op.has_attr("use_mkldnn")
+    }
 
 
 def values(learner, names):
@@ -45,14 +54,14 @@ def values(learner, names):
 
 def close(actual, expected, names):
     for name in names:
-        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_sgd_meta_iterations_match_the_per_task_path(make_learner):
     batched = make_learner("train.inner_optimizer=sgd", "train.meta_batch=3")
-    one_by_one = make_learner("train.inner_optimizer=sgd", "train.meta_batch=3",
-                              "train.batch_tasks=false")
+    one_by_one = make_learner(
+        "train.inner_optimizer=sgd", "train.meta_batch=3", "train.batch_tasks=false"
+    )
     assert batched.train_together.tasks == 3 and one_by_one.train_together is None
     for learner in (batched, one_by_one):
         for i in range(3):
@@ -78,8 +87,9 @@ def test_adam_meta_iteration_adapts_each_task_from_the_same_state(make_learner):
     learner.meta_iteration(1, tasks)
     eps = meta_step_size(1, cfg.meta_iters, cfg.meta_step, cfg.meta_step_final)
     moments = [n for n in p.state if "_moment" in n]
-    expected = {n: theta[n] + eps * (np.mean([a[n] for a in adapted], 0) - theta[n])
-                for n in p.params}
+    expected = {
+        n: theta[n] + eps * (np.mean([a[n] for a in adapted], 0) - theta[n]) for n in p.params
+    }
     expected.update({n: np.mean([a[n] for a in adapted], 0) for n in moments})
     close(values(learner, p.params + moments), expected, p.params + moments)
     counts = [n for n in p.state if "_pow_acc" in n]
@@ -101,8 +111,12 @@ def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner)
     batched = learner.evaluate(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")
     for name, value in values(learner, learner.p.state).items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
-    one_by_one = evaluation.evaluate(learner, None, learner.reporter, [
-        evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")])[0]
+    one_by_one = evaluation.evaluate(
+        learner,
+        None,
+        learner.reporter,
+        [evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")],
+    )[0]
     assert batched == pytest.approx(one_by_one)
 
     tasks = []  # the same three tasks, side by side and then one by one
@@ -110,16 +124,19 @@ def test_batched_evaluation_gives_the_per_task_logits_and_accuracy(make_learner)
         rng = np.random.default_rng([cfg.seed, 7, k])
         t = sample_task(learner.dataset.test, cfg.task.ways, cfg.task.shots, 2, rng)
         tasks.append((nchw(t.support_x), t.support_y, nchw(t.query_x)))
-    learner.adapt_together(together, [(sx, sy, np.random.default_rng(k))
-                                      for k, (sx, sy, _) in enumerate(tasks)],
-                           cfg.eval.inner_batch, cfg.eval.inner_iters)
-    (logits,) = learner.run(together.forward, together.stack([qx for _, _, qx in tasks]),
-                            [together.logits])
+    learner.adapt_together(
+        together,
+        [(sx, sy, np.random.default_rng(k)) for k, (sx, sy, _) in enumerate(tasks)],
+        cfg.eval.inner_batch,
+        cfg.eval.inner_iters,
+    )
+    (logits,) = learner.run(
+        together.forward, together.stack([qx for _, _, qx in tasks]), [together.logits]
+    )
     learner.run(learner.p.snapshot)
     for k, (sx, sy, qx) in enumerate(tasks):
         learner.run(learner.p.restore_snapshot)
-        learner.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters,
-                      np.random.default_rng(k))
+        learner.adapt(sx, sy, cfg.eval.inner_batch, cfg.eval.inner_iters, np.random.default_rng(k))
         np.testing.assert_allclose(logits[k], learner.predict(qx), rtol=1e-4, atol=1e-4)
 
 
@@ -130,8 +147,11 @@ def test_configurations_it_does_not_cover_take_the_per_task_path(make_learner):
     learner.meta_iteration(0, learner.train_tasks(0))
 
 
-@pytest.mark.parametrize("options", [[], ["train.weight_decay=0.999"],
-                                     ["train.inner_optimizer=sgd"]], ids=["adam", "decay", "sgd"])
+@pytest.mark.parametrize(
+    "options",
+    [[], ["train.weight_decay=0.999"], ["train.inner_optimizer=sgd"]],
+    ids=["adam", "decay", "sgd"],
+)
 def test_the_meta_batch_shared_among_threads_takes_one_programs_steps(make_learner, options):
     shared = make_learner("train.meta_batch=5", "train.threads=2", *options)
     alone = make_learner("train.meta_batch=5", "train.threads=1", *options)
@@ -167,16 +187,26 @@ def test_evaluations_at_once_score_as_each_alone(make_learner, monkeypatch):
     the same accuracies as each evaluation alone, and each one's progress counted apart."""
     learner = make_learner("eval.batch_tasks=2", "eval.threads=2")
     learner.meta_iteration(0, learner.train_tasks(0))
-    evaluations = [evaluation.Evaluation(learner.dataset.train, 3, CURVE_STREAM, "train"),
-                   evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test")]
+    evaluations = [
+        evaluation.Evaluation(learner.dataset.train, 3, CURVE_STREAM, "train"),
+        evaluation.Evaluation(learner.dataset.test, 5, EVAL_TEST_STREAM, "test"),
+    ]
     alone = [learner.evaluate(e.classes, e.tasks, e.stream, e.label) for e in evaluations]
     shown = []
-    monkeypatch.setattr(learner.reporter, "progress",
-                        lambda label, done, total, values: shown.append((label, done, total)))
+    monkeypatch.setattr(
+        learner.reporter,
+        "progress",
+        lambda label, done, total, values: shown.append((label, done, total)),
+    )
     assert learner.evaluate_all(evaluations) == alone  # the same tasks, the same steps
     # groups of two, never across evaluations: 2 + 1 train tasks, then 2 + 2 + 1 test tasks
-    assert shown == [("train", 2, 3), ("train", 3, 3), ("test", 2, 5), ("test", 4, 5),
-                     ("test", 5, 5)]
+    assert shown == [
+        ("train", 2, 3),
+        ("train", 3, 3),
+        ("test", 2, 5),
+        ("test", 4, 5),
+        ("test", 5, 5),
+    ]
 
 
 def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner, monkeypatch):
@@ -193,8 +223,13 @@ def test_each_executor_runs_on_one_thread_the_models_on_the_callers(make_learner
         return run(lane, program, feed, fetch)
 
     monkeypatch.setattr(Lane, "run", recorded)
-    learner = make_learner("train.meta_batch=5", "train.threads=2", "eval.batch_tasks=2",
-                           "eval.tasks=6", "eval.threads=2")
+    learner = make_learner(
+        "train.meta_batch=5",
+        "train.threads=2",
+        "eval.batch_tasks=2",
+        "eval.tasks=6",
+        "eval.threads=2",
+    )
     try:
         for i in range(2):
             learner.meta_iteration(i, learner.train_tasks(i))

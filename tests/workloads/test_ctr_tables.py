@@ -14,9 +14,16 @@ import time
 import numpy as np
 import pytest
 
-from kspipe.testing import (CTR_LINES, CTR_MIN_AUC, assert_one_line_error,
-                            ctr_overrides, disk_size, job_processes, mounts_missing,
-                            run_kspipe, small_disk)
+from kspipe.testing import assert_one_line_error, run_kspipe
+from tests.kit import (
+    CTR_LINES,
+    CTR_MIN_AUC,
+    ctr_overrides,
+    disk_size,
+    job_processes,
+    mounts_missing,
+    small_disk,
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +33,12 @@ def on_servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("servers")
 
     def run(name, *overrides, ok=True):
-        result = run_kspipe(*[a for a in ctr_overrides(tmp, *CLUSTER) if not a.startswith("run_dir=")],
-                            f"run_dir={tmp / name}", *overrides, cwd=tmp)
+        result = run_kspipe(
+            *[a for a in ctr_overrides(tmp, *CLUSTER) if not a.startswith("run_dir=")],
+            f"run_dir={tmp / name}",
+            *overrides,
+            cwd=tmp,
+        )
         if ok:
             assert result.returncode == 0, (name, result.stderr[-3000:])
         return result
@@ -87,7 +98,7 @@ def test_resume_on_the_servers_restores_the_tables_and_goes_on(on_servers, monke
     assert 4 * math.ceil(CTR_LINES / 64) - 3 <= pushes <= 4 * math.ceil(CTR_LINES / 64)
     for server in (0, 1):
         log = (tmp / "more" / "logs" / f"server.{server}.log").read_text()
-        dense = log[log.index('table_name: "MergedDense"'):].split("}")[0]
+        dense = log[log.index('table_name: "MergedDense"') :].split("}")[0]
         starts = [float(v.split("&")[-1]) for v in re.findall(r'initializers: "([^"]+)"', dense)]
         params = re.findall(r'params: "([^"]+)"', dense)
         beta2_pow = starts[params.index("Beta2Pow")]
@@ -114,13 +125,17 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
     """init_from: the servers' shards and the workers' state of a cluster run become one
     process's model (the same rows, the same tower), which trains on; its model goes back
     onto a cluster of another number of servers and scores exactly as it did."""
-    from kspipe.modes.ps.tables import read_table_rows
+    from kspipe.saved_tables import read_table_rows
 
     tmp, _ = on_servers
 
     def local(name, *overrides):
-        result = run_kspipe(*[a for a in ctr_overrides(tmp) if not a.startswith("run_dir=")],
-                            f"run_dir={tmp / name}", *overrides, cwd=tmp)
+        result = run_kspipe(
+            *[a for a in ctr_overrides(tmp) if not a.startswith("run_dir=")],
+            f"run_dir={tmp / name}",
+            *overrides,
+            cwd=tmp,
+        )
         assert result.returncode == 0, (name, result.stderr[-3000:])
         return result, json.loads((tmp / name / "metrics.json").read_text())
 
@@ -144,9 +159,14 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
     _, onwards = local("onwards", "ctr.epochs=1", f"init_from={tmp / 'one'}")
     assert onwards["train_instances"] == 4 * CTR_LINES
     assert (tmp / "onwards" / "checkpoints" / "checkpoint-0000001").is_dir()
-    back = run_kspipe(*[a for a in ctr_overrides(tmp, *CLUSTER) if not a.startswith("run_dir=")],
-                      "servers=1", "ctr.epochs=0", f"init_from={tmp / 'onwards'}",
-                      f"run_dir={tmp / 'back'}", cwd=tmp)
+    back = run_kspipe(
+        *[a for a in ctr_overrides(tmp, *CLUSTER) if not a.startswith("run_dir=")],
+        "servers=1",
+        "ctr.epochs=0",
+        f"init_from={tmp / 'onwards'}",
+        f"run_dir={tmp / 'back'}",
+        cwd=tmp,
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     assert not (tmp / "back" / "init_from").exists()  # the rows' files, once the servers read them
     # every row of the one-process table went onto the servers: the same scores
@@ -162,29 +182,46 @@ def exported_params(model_dir) -> dict:
     exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         program, _, _ = paddle.static.load_inference_model(f"{model_dir}/model", exe)
-    return {v.name: np.array(scope.find_var(v.name).get_tensor()) for v in program.list_vars()
-            if v.persistable and scope.find_var(v.name) is not None
-            and v.name not in ("feed", "fetch")}
+    return {
+        v.name: np.array(scope.find_var(v.name).get_tensor())
+        for v in program.list_vars()
+        if v.persistable and scope.find_var(v.name) is not None and v.name not in ("feed", "fetch")
+    }
 
 
 def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path):
     """kill -9 of a server while the servers write their shards: the job fails in one line,
-    no process is left, and resume= continues from the last complete checkpoint."""
+    no process is left, and resume= takes up the last complete checkpoint: the resumed
+    servers hold its rows."""
     import signal
     import subprocess
     import sys
     import time
 
+    from kspipe.saved_tables import read_table_rows
+
     run_dir = tmp_path / "run"
     args = [*ctr_overrides(tmp_path, *CLUSTER), "ctr.epochs=8"]
-    job = subprocess.Popen([sys.executable, "-m", "kspipe.cli.command", *args], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cli.command", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     checkpoints, killed = run_dir / "checkpoints", None
     try:
         deadline = time.monotonic() + 240
         while killed is None and time.monotonic() < deadline and job.poll() is None:
-            writing = [p for p in checkpoints.glob("checkpoint-*.tmp")
-                       if p.name > "checkpoint-0000002.tmp"] if checkpoints.is_dir() else []
+            writing = (
+                [
+                    p
+                    for p in checkpoints.glob("checkpoint-*.tmp")
+                    if p.name > "checkpoint-0000002.tmp"
+                ]
+                if checkpoints.is_dir()
+                else []
+            )
             if writing:  # a checkpoint after the second is being written: kill a server
                 killed = writing[0].name
                 os.kill(server_pid(run_dir), signal.SIGKILL)
@@ -200,14 +237,26 @@ def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path
     complete = sorted(p.name for p in checkpoints.iterdir() if not p.name.endswith(".tmp"))
     assert complete and complete[-1] < killed.removesuffix(".tmp"), (complete, killed)
     epoch = int(complete[-1].split("-")[1])
-    # one epoch more than the checkpoint holds (the job's other epochs would only repeat it)
-    again = run_kspipe(*[a for a in args if not a.startswith("run_dir=")],
-                       f"ctr.epochs={epoch + 1}", f"run_dir={tmp_path / 'again'}",
-                       f"resume={run_dir}", cwd=tmp_path)
+    # nothing left to train: the exported model, every row pulled from the resumed servers,
+    # holds the checkpoint's rows exactly (after another epoch a fresh model's AUC is about
+    # a trained one's, so it would not tell)
+    again = run_kspipe(
+        *[a for a in args if not a.startswith("run_dir=")],
+        f"ctr.epochs={epoch}",
+        f"run_dir={tmp_path / 'again'}",
+        f"resume={run_dir}",
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed after epoch {epoch}" in again.stderr
     metrics = json.loads((tmp_path / "again" / "metrics.json").read_text())
-    assert metrics["train_instances"] == 2 * CTR_LINES  # one epoch of this worker's 2 files
+    assert metrics["train_instances"] == 0
+    model = exported_params(tmp_path / "again" / "inference_model")
+    tables = read_table_rows(str(checkpoints / complete[-1] / "tables"))
+    assert set(tables) == {"emb_user", "emb_item", "emb_tags"}
+    for name, (ids, rows) in tables.items():
+        assert len(ids) >= 100, name
+        np.testing.assert_array_equal(model[name][ids], rows, err_msg=name)
     assert metrics["test_auc"] >= CTR_MIN_AUC - 0.05
 
 
@@ -222,8 +271,9 @@ def test_a_server_whose_disk_is_full_ends_the_job_in_one_line_not_a_hang(on_serv
     tmp, _ = on_servers
     (saved,) = (tmp / "one" / "checkpoints").iterdir()
     workers_part = disk_size(saved) - disk_size(saved / "tables")
-    one_server = [a for a in ctr_overrides(tmp, *CLUSTER)
-                  if not a.startswith(("run_dir=", "servers="))] + ["servers=1", "ctr.epochs=1"]
+    one_server = [
+        a for a in ctr_overrides(tmp, *CLUSTER) if not a.startswith(("run_dir=", "servers="))
+    ] + ["servers=1", "ctr.epochs=1"]
     with small_disk(tmp / "full", workers_part + 128 * 1024) as disk:
         started = time.monotonic()
         result = run_kspipe(*one_server, f"run_dir={disk / 'run'}", cwd=tmp, timeout=300)
@@ -232,8 +282,11 @@ def test_a_server_whose_disk_is_full_ends_the_job_in_one_line_not_a_hang(on_serv
         # server (a loaded host), the line names the server's exit and its log's last error
         assert_one_line_error(result)
         line = result.stderr.strip().splitlines()[-1]
-        assert ("server 0's shard of table" in line and "tables were not all saved" in line
-                or "server 0 exited with status 255" in line), line
+        assert (
+            "server 0's shard of table" in line
+            and "tables were not all saved" in line
+            or "server 0 exited with status 255" in line
+        ), line
         assert result.returncode == 3
         assert took < 120, took
         assert not job_processes(disk / "run")
@@ -253,8 +306,9 @@ def server_pid(run_dir) -> int:
 
 def test_a_cluster_started_from_another_model_is_one_line(on_servers):
     tmp, run = on_servers
-    result = run("other-shape", "ctr.epochs=1", "ctr.embedding_dim=4",
-                 f"init_from={tmp / 'one'}", ok=False)
+    result = run(
+        "other-shape", "ctr.epochs=1", "ctr.embedding_dim=4", f"init_from={tmp / 'one'}", ok=False
+    )
     assert_one_line_error(result, f"init_from={tmp / 'one'}: ", "was saved by another model")
     assert not job_processes(tmp / "other-shape")
     import sqlite3

@@ -22,11 +22,24 @@ def data60(tmp_path_factory):
 
 
 def learning_cfg(tmp_path, data, *overrides):
-    return compose_config([
-        "+experiment=omniglot_5way", f"dataset.root={data}", "dataset.train_characters=40",
-        f"run_dir={tmp_path / 'run'}", f"tracking.uri={begun_store(tmp_path)}",
-        "model.filters=32", "task.shots=5", "train.shots=5", "train.meta_iters=300",
-        "eval.tasks=100", "eval.inner_iters=20", "eval.interval=0", "seed=0", *overrides])
+    return compose_config(
+        [
+            "+experiment=omniglot_5way",
+            f"dataset.root={data}",
+            "dataset.train_characters=40",
+            f"run_dir={tmp_path / 'run'}",
+            f"tracking.uri={begun_store(tmp_path)}",
+            "model.filters=32",
+            "task.shots=5",
+            "train.shots=5",
+            "train.meta_iters=300",
+            "eval.tasks=100",
+            "eval.inner_iters=20",
+            "eval.interval=0",
+            "seed=0",
+            *overrides,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +49,9 @@ def local(tmp_path_factory, data60):
     # float rounding alone moves this small training's accuracy (0.816 in one program,
     # 0.828 and 0.858 with two ways of combining two threads' sums, measured 2026-11-26),
     # which the 95% intervals over test tasks do not cover.
-    return run(learning_cfg(tmp_path_factory.mktemp("local"), data60, "train.threads=1"),
-               plugin_manager())
+    return run(
+        learning_cfg(tmp_path_factory.mktemp("local"), data60, "train.threads=1"), plugin_manager()
+    )
 
 
 def test_meta_training_beats_the_baseline(local):
@@ -46,18 +60,26 @@ def test_meta_training_beats_the_baseline(local):
 
 
 def beats_the_baseline(metrics, local) -> bool:
-    return (metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
-            > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"])
+    return (
+        metrics["test_accuracy"] - metrics["test_accuracy_ci95"]
+        > local["baseline_test_accuracy"] + local["baseline_test_accuracy_ci95"]
+    )
 
 
-@pytest.mark.parametrize("mode", [
-    # async applies each worker's meta step as it comes: the steps of the local run
-    ["mode=pserver", "cluster.strategy=async"],
-    # a round averages the workers' meta steps: half as many steps, over twice the tasks
-    ["mode=collective"]], ids=["pserver-async", "collective"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        # async applies each worker's meta step as it comes: the steps of the local run
+        ["mode=pserver", "cluster.strategy=async"],
+        # a round averages the workers' meta steps: half as many steps, over twice the tasks
+        ["mode=collective"],
+    ],
+    ids=["pserver-async", "collective"],
+)
 def test_a_cluster_learns_as_one_process_over_the_same_tasks(tmp_path, data60, local, mode):
-    cfg = learning_cfg(tmp_path, data60, *mode, "workers=2", "eval.baseline=false",
-                       "cluster.timeout_s=600")
+    cfg = learning_cfg(
+        tmp_path, data60, *mode, "workers=2", "eval.baseline=false", "cluster.timeout_s=600"
+    )
     metrics = run(cfg, plugin_manager())
     assert beats_the_baseline(metrics, local), (metrics, local)
     both = metrics["test_accuracy_ci95"] + local["test_accuracy_ci95"]

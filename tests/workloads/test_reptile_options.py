@@ -16,11 +16,23 @@ def make_learner(*overrides, shape=(28, 28, 1), ways=3):
     import paddle
 
     cfg = compose_config(["model.filters=8", f"task.ways={ways}", *overrides])
-    programs = build_programs(shape, ways, cfg.model, cfg.train.inner_lr, seed=0,
-                              inner_optimizer=cfg.train.inner_optimizer,
-                              weight_decay=cfg.train.weight_decay)
-    learner = ReptileLearner(cfg, None, programs, paddle.static.Executor(paddle.CPUPlace()),
-                             paddle.static.Scope(), QuietReporter())
+    programs = build_programs(
+        shape,
+        ways,
+        cfg.model,
+        cfg.train.inner_lr,
+        seed=0,
+        inner_optimizer=cfg.train.inner_optimizer,
+        weight_decay=cfg.train.weight_decay,
+    )
+    learner = ReptileLearner(
+        cfg,
+        None,
+        programs,
+        paddle.static.Executor(paddle.CPUPlace()),
+        paddle.static.Scope(),
+        QuietReporter(),
+    )
     learner.initialize()
     return learner
 
@@ -38,7 +50,7 @@ def numpy_logits(w: dict, x: np.ndarray) -> np.ndarray:
     out = np.zeros((n, k.shape[0], h, wd), np.float64)
     for i in range(3):
         for j in range(3):
-            out += np.einsum("nchw,fc->nfhw", padded[:, :, i:i + h, j:j + wd], k[:, :, i, j])
+            out += np.einsum("nchw,fc->nfhw", padded[:, :, i : i + h, j : j + wd], k[:, :, i, j])
     mean = out.mean(axis=(0, 2, 3), keepdims=True)
     var = out.var(axis=(0, 2, 3), keepdims=True)
     normed = (out - mean) / np.sqrt(var + 1e-3)
@@ -48,21 +60,22 @@ def numpy_logits(w: dict, x: np.ndarray) -> np.ndarray:
 
 
 def test_non_transductive_classifies_each_query_with_the_support_set_alone():
-    learner = make_learner("model.layers=1", "model.stride=1", "eval.transductive=false",
-                           shape=(6, 6, 1))
+    learner = make_learner(
+        "model.layers=1", "model.stride=1", "eval.transductive=false", shape=(6, 6, 1)
+    )
     rng = np.random.default_rng(0)
     support = rng.random((6, 1, 6, 6), dtype=np.float32)
     queries = rng.random((3, 1, 6, 6), dtype=np.float32)
     w = values(learner, learner.p.params)
     expected = np.stack([numpy_logits(w, np.concatenate([support, q[None]]))[-1] for q in queries])
-    np.testing.assert_allclose(learner.query_logits(support, queries), expected, rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        learner.query_logits(support, queries), expected, rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_array_equal(learner.classify(support, queries), expected.argmax(axis=1))
     # transductive: the queries' own batch statistics, which differ
     learner.cfg.eval.transductive = True
     shared = numpy_logits(w, queries)
-    np.testing.assert_allclose(learner.query_logits(support, queries), shared, rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(learner.query_logits(support, queries), shared, rtol=1e-4, atol=1e-5)
     assert np.abs(shared - expected).max() > 1e-2
 
 
@@ -73,8 +86,14 @@ def task_batch(n=9, seed=0, ways=3):
 
 @pytest.mark.parametrize("tail", [None, 1])
 def test_foml_moves_theta_by_the_last_inner_step(tail):
-    overrides = ["train.algorithm=foml", "train.inner_iters=3", "train.inner_batch=4",
-                 "train.meta_iters=10", "train.meta_step=0.5", "train.meta_step_final=0.5"]
+    overrides = [
+        "train.algorithm=foml",
+        "train.inner_iters=3",
+        "train.inner_batch=4",
+        "train.meta_iters=10",
+        "train.meta_step=0.5",
+        "train.meta_step_final=0.5",
+    ]
     learner = make_learner(*overrides, *([f"train.foml_tail={tail}"] if tail else []))
     p = learner.p
     theta = values(learner, p.params)
@@ -105,8 +124,9 @@ def test_foml_moves_theta_by_the_last_inner_step(tail):
 
 
 def test_sgd_steps_and_weight_decay_by_hand():
-    learner = make_learner("train.inner_optimizer=sgd", "train.inner_lr=0.1",
-                           "train.weight_decay=0.9")
+    learner = make_learner(
+        "train.inner_optimizer=sgd", "train.inner_lr=0.1", "train.weight_decay=0.9"
+    )
     p = learner.p
     x, y = task_batch()
     before = values(learner, p.params)
@@ -114,15 +134,15 @@ def test_sgd_steps_and_weight_decay_by_hand():
     decayed = values(learner, p.params)
     for n in p.params:
         np.testing.assert_allclose(decayed[n], before[n] * np.float32(0.9), rtol=1e-6)
-    grads = [g for g in p.train.global_block().vars if g.endswith("@GRAD")
-             and g[:-5] in p.params]
+    grads = [g for g in p.train.global_block().vars if g.endswith("@GRAD") and g[:-5] in p.params]
     assert grads
     out = learner.run(p.train, {"x": x, "y": y.reshape(-1, 1)}, grads)
     after = values(learner, p.params)
     for name, grad in zip(grads, out):  # plain SGD: w - lr * g, no state
         param = name[:-5]
-        np.testing.assert_allclose(after[param], decayed[param] - 0.1 * np.asarray(grad),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            after[param], decayed[param] - 0.1 * np.asarray(grad), rtol=1e-5, atol=1e-6
+        )
     assert not any("moment" in v for v in p.state)
 
 
@@ -134,16 +154,20 @@ def test_replacement_draws_each_batch_afresh():
     assert len(set(starts)) > 5
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["train.algorithm=maml"], "train.algorithm='maml' is not one of reptile, foml"),
-    (["train.inner_optimizer=rmsprop"], "train.inner_optimizer='rmsprop' is not one of"),
-    (["train.foml_tail=1"], "train.foml_tail is for train.algorithm=foml"),
-    (["train.algorithm=foml", "train.foml_tail=3"], "leaves no images"),
-    (["train.weight_decay=0"], "train.weight_decay=0.0 must be more than 0"),
-    (["train.replacement=true", "train.inner_batch=100"], "is more than the"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.algorithm=maml"], "train.algorithm='maml' is not one of reptile, foml"),
+        (["train.inner_optimizer=rmsprop"], "train.inner_optimizer='rmsprop' is not one of"),
+        (["train.foml_tail=1"], "train.foml_tail is for train.algorithm=foml"),
+        (["train.algorithm=foml", "train.foml_tail=3"], "leaves no images"),
+        (["train.weight_decay=0"], "train.weight_decay=0.0 must be more than 0"),
+        (["train.replacement=true", "train.inner_batch=100"], "is more than the"),
+    ],
+)
 def test_bad_options(tmp_path, tiny_data, overrides, message):
-    cfg = compose_config(["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data),
-                          *overrides])
+    cfg = compose_config(
+        ["+experiment=omniglot_5way", *tiny_overrides(tmp_path, tiny_data), *overrides]
+    )
     with pytest.raises(ConfigError, match=message):
         run(cfg, plugin_manager())

@@ -19,13 +19,15 @@ META_GRAD = "_meta_grad"
 #: The worker's brpc client flags.  Paddle 2.6.2 reads them only from the descriptor that
 #: ``init_worker`` parses (its ``init_gflags``; ``paddle.set_flags`` cannot reach them).
 #: The first three are Paddle's own defaults for an empty ``init_gflags``, kept.
-CLIENT_FLAGS = " ".join((
-    "-max_body_size=314217728",
-    "-socket_max_unwritten_bytes=2048000000",
-    "-max_connection_pool_size=1950",
-    "-pserver_push_dense_merge_limit=0",         # send each dense push, do not wait for 12
-    "-pserver_async_push_dense_interval_ms=1",   # and look for pushes every 1 ms
-))
+CLIENT_FLAGS = " ".join(
+    (
+        "-max_body_size=314217728",
+        "-socket_max_unwritten_bytes=2048000000",
+        "-max_connection_pool_size=1950",
+        "-pserver_push_dense_merge_limit=0",  # send each dense push, do not wait for 12
+        "-pserver_async_push_dense_interval_ms=1",  # and look for pushes every 1 ms
+    )
+)
 
 
 #: The exchange's one table (flat): the parameters and the workers' push counts.
@@ -59,8 +61,9 @@ class Layout:
         while min(end - start for start, end in self.slices(size)) < SERVER_PARTS * workers:
             size += 1  # every part holds the workers' counts
         self.size = size
-        starts = [start + part for start, end in self.slices(size)
-                  for part in part_starts(end - start)]
+        starts = [
+            start + part for start, end in self.slices(size) for part in part_starts(end - start)
+        ]
         self.counts = np.array([[at + w for at in starts] for w in range(workers)])
         #: the part (a column of ``counts``) that each value of the table lies in
         self.part_of = np.searchsorted(np.array(starts), np.arange(size), side="right") - 1
@@ -91,8 +94,9 @@ class Layout:
 
     def flatten(self, values: dict) -> np.ndarray:
         """The parameters' ``values`` in one vector, as :attr:`weights` orders them."""
-        return np.concatenate([np.asarray(values[name], np.float32).ravel()
-                               for name in self.shapes])
+        return np.concatenate(
+            [np.asarray(values[name], np.float32).ravel() for name in self.shapes]
+        )
 
     def unflatten(self, vector: np.ndarray) -> dict:
         """``{name: values}`` of a :meth:`flatten`-ed vector (views of it)."""
@@ -131,15 +135,19 @@ class ParameterExchange:
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
             theta = paddle.static.create_parameter(
-                [self.layout.size], "float32", name=FLAT,
-                default_initializer=paddle.nn.initializer.Constant(0.0))
+                [self.layout.size],
+                "float32",
+                name=FLAT,
+                default_initializer=paddle.nn.initializer.Constant(0.0),
+            )
             grad = paddle.static.data(FLAT + META_GRAD, [self.layout.size], "float32")
             loss = paddle.sum(paddle.multiply(theta, grad))
             strategy = fleet.DistributedStrategy()
             strategy.a_sync = True  # tables that apply every push; kspipe adds the rest
             strategy.a_sync_configs = {"k_steps": 0}
-            fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0),
-                                        strategy).minimize(loss)
+            fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=1.0), strategy).minimize(
+                loss
+            )
             self.program = loss.block.program
             self.startup = paddle.static.default_startup_program()
         self.place = paddle.CPUPlace()
@@ -149,8 +157,11 @@ class ParameterExchange:
         # executor around them, cost ~1 ms a push
         from paddle.base import core
 
-        self.senders = [core.Operator.create(op.desc.serialize_to_string())
-                        for op in self.program.global_block().ops if op.type == "send"]
+        self.senders = [
+            core.Operator.create(op.desc.serialize_to_string())
+            for op in self.program.global_block().ops
+            if op.type == "send"
+        ]
 
     def connect(self, values: dict) -> dict:
         """Meet the servers with worker 0's ``values``; return the servers' parameters."""

@@ -5,7 +5,8 @@ never pulls dense parameters back, sync crashes in ``SendBarrierOp`` and geo sen
 dense parameters.  So kspipe drives the exchange itself over the servers' tables:
 
 * :class:`kspipe.modes.ps.dense.ParameterExchange` moves dense parameters (in
-  kspipe/modes/ps/dense.py, with the table's :class:`~kspipe.modes.ps.dense.Layout`).  A one-op "meta program",
+  kspipe/modes/ps/dense.py, with the table's :class:`~kspipe.modes.ps.dense.Layout`).  A
+  one-op "meta program",
   ``sum(theta * g)``, is transpiled by fleet with SGD of step 1 on the servers, so pushing
   ``g`` (its ``send`` op alone, run on ``g`` written in as theta's gradient) makes the
   servers do ``theta -= g`` (an add, applied as it arrives); ``write`` sets
@@ -50,20 +51,24 @@ import numpy as np
 
 from kspipe.errors import ClusterError, ConfigError, check_integer
 from kspipe.modes.ps.dense import ParameterExchange
-from kspipe.modes.role import ParameterSync, read_vars, write_vars
 from kspipe.modes.ps.summing import WorkerSum
+from kspipe.modes.role import ParameterSync, read_vars, write_vars
 
 STRATEGIES = ("sync", "async", "geo")
+
 
 def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> None:
     """The one check of a parameter-server strategy (config and OpenKS API alike)."""
     if strategy == "half_async":
-        raise ConfigError(f"{what}=half_async: Paddle 2.6.2's fleet parameter server has no "
-                          f"half-async mode (its DistributedStrategy selects only sync, async "
-                          f"or geo); use async")
+        raise ConfigError(
+            f"{what}=half_async: Paddle 2.6.2's fleet parameter server has no "
+            f"half-async mode (its DistributedStrategy selects only sync, async "
+            f"or geo); use async"
+        )
     if strategy not in STRATEGIES:
-        raise ConfigError(f"{what}={strategy!r} is not one of "
-                          f"{', '.join(STRATEGIES + ('half_async',))}")
+        raise ConfigError(
+            f"{what}={strategy!r} is not one of {', '.join(STRATEGIES + ('half_async',))}"
+        )
     if strategy == "geo":
         check_integer(k_steps, "cluster.k_steps", 1)
 
@@ -77,8 +82,9 @@ class StrategyExchange(ParameterSync):
 
     changes_parameters = True
 
-    def __init__(self, role, shapes: dict, strategy: str, k_steps: int = 1,
-                 wait_push: bool = False):
+    def __init__(
+        self, role, shapes: dict, strategy: str, k_steps: int = 1, wait_push: bool = False
+    ):
         check_strategy(strategy, k_steps)
         self.role = role
         self.names = list(shapes)
@@ -152,8 +158,9 @@ class StrategyExchange(ParameterSync):
 
     def _push(self, change) -> None:
         with self.timed("push"):
-            change = self.exchange.push(change, self.role.worker_index(), self.pushed,
-                                        wait=self.wait_push)
+            change = self.exchange.push(
+                change, self.role.worker_index(), self.pushed, wait=self.wait_push
+            )
             self.pushed += 1
             if not self.unapplied:
                 self.unapplied_since = time.monotonic()
@@ -177,10 +184,12 @@ class StrategyExchange(ParameterSync):
             del self.unapplied[:begun]
             self.unapplied_since = now
         elif now - self.unapplied_since > PUSH_TIMEOUT_S:
-            raise ClusterError(f"worker {self.role.worker_index()}: the servers have not "
-                               f"applied its push {self.unapplied[0][0]} of {self.pushed} "
-                               f"within {PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
-                               f"stalled)")
+            raise ClusterError(
+                f"worker {self.role.worker_index()}: the servers have not "
+                f"applied its push {self.unapplied[0][0]} of {self.pushed} "
+                f"within {PUSH_TIMEOUT_S:.0f} s (a push lost, or a server "
+                f"stalled)"
+            )
 
     def _round(self, scope, current: dict) -> None:
         """Every worker's change since the last round, summed in a fixed order; theta moves
@@ -193,7 +202,7 @@ class StrategyExchange(ParameterSync):
         merged, at = {}, 0
         for n in self.names:
             size = last[n].size
-            merged[n] = last[n] - mean[at:at + size].reshape(last[n].shape)
+            merged[n] = last[n] - mean[at : at + size].reshape(last[n].shape)
             at += size
         # The first worker's write returns once every server holds the round, and it joins
         # the next round only then; whoever reads the servers (finish, refresh) meets the
@@ -231,8 +240,9 @@ class StrategyExchange(ParameterSync):
         """Before a checkpoint, every worker: the scope then holds the servers' parameters
         exactly, so the state written into the checkpoint is the job's one model.
 
-        * async: every push in (each worker's flushed, then a barrier), then a pull (float32: a table the exchange moves is whole in every worker,
-          where the servers' own files would keep 6 digits of it);
+        * async: every push in (each worker's flushed, then a barrier), then a pull
+          (float32: a table the exchange moves is whole in every worker, where the
+          servers' own files would keep 6 digits of it);
         * geo: a round, whatever ``k_steps`` says, so no worker's local steps are left out
           of the checkpoint.  The uninterrupted run makes the same round at the same
           checkpoint, so a run resumed from it repeats that run exactly;
@@ -267,10 +277,10 @@ class ExchangingOptimizer:
         self._role, self._inner, self._cluster = role, optimizer, cfg_cluster
         self.sync = None
 
-    def backward(self, loss, startup_program=None, parameter_list=None, no_grad_set=None,
-                 callbacks=None):
-        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set,
-                                    callbacks)
+    def backward(
+        self, loss, startup_program=None, parameter_list=None, no_grad_set=None, callbacks=None
+    ):
+        return self._inner.backward(loss, startup_program, parameter_list, no_grad_set, callbacks)
 
     def apply_gradients(self, params_grads):
         import paddle
@@ -278,8 +288,9 @@ class ExchangingOptimizer:
         ops = self._inner.apply_gradients(params_grads)
         params = [p for p, _ in params_grads]
         names = [p.name for p in params]
-        self.sync = self._role.parameter_sync({p.name: list(p.shape) for p in params},
-                                              **self._cluster)
+        self.sync = self._role.parameter_sync(
+            {p.name: list(p.shape) for p in params}, **self._cluster
+        )
 
         def after_step(*values):
             self.sync.step(values=dict(zip(names, (np.array(v) for v in values))))

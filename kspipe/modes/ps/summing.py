@@ -73,7 +73,7 @@ class WorkerSum:
         partial = np.empty(min(step, flat.size), np.float64)
         for start, end in chunks:  # up the chain: the partial sums
             if self.previous is not None:
-                received = partial[:end - start]
+                received = partial[: end - start]
                 receive_into(self.previous, received)
                 np.add(received, own[start:end], out=flat[start:end])
             if self.next is not None:
@@ -100,8 +100,9 @@ def accept_from(listener: socket.socket, index: int) -> socket.socket:
         try:
             peer, _ = listener.accept()
         except TimeoutError as err:
-            raise ClusterError(f"worker {index} did not join the sync chain within "
-                               f"{ACCEPT_TIMEOUT_S:.0f} s") from err
+            raise ClusterError(
+                f"worker {index} did not join the sync chain within {ACCEPT_TIMEOUT_S:.0f} s"
+            ) from err
         peer.settimeout(ACCEPT_TIMEOUT_S)
         try:
             (named,) = HELLO.unpack(receive(peer, HELLO.size))

@@ -33,8 +33,11 @@ POWERS_PER_PUSH = 10
 def distributed_tables(program) -> set:
     """The sparse tables on the servers that ``program`` looks ids up in (the tables
     ``role.embedding`` made: ``sparse_embedding``)."""
-    return {op.input("W")[0] for op in program.global_block().ops
-            if op.type == "lookup_table" and op.attr("is_distributed")}
+    return {
+        op.input("W")[0]
+        for op in program.global_block().ops
+        if op.type == "lookup_table" and op.attr("is_distributed")
+    }
 
 
 def pushes_counted(scope) -> float:
@@ -66,8 +69,9 @@ class FleetTables(ParameterSync):
         if self.role.is_server() and self.resumed:
             self.resume_dense_powers(read_manifest(self.resumed).get("dense_pushes", 0))
         with paddle.static.program_guard(self.program, self.startup):
-            counter = paddle.static.create_global_var([1], 0.0, "float64", persistable=True,
-                                                      name=PUSHES)
+            counter = paddle.static.create_global_var(
+                [1], 0.0, "float64", persistable=True, name=PUSHES
+            )
             paddle.increment(counter)
         return result
 
@@ -78,12 +82,16 @@ class FleetTables(ParameterSync):
         The table takes its first values from the startup program's ``fill_constant`` ops,
         when the server starts."""
         context = self.role.fleet.fleet._runtime_handle.context
-        for main, startup in zip(context["origin_main_programs"],
-                                 context["origin_startup_programs"]):
+        for main, startup in zip(
+            context["origin_main_programs"], context["origin_startup_programs"]
+        ):
             sparse = distributed_tables(main)
-            powers = {op.input(name)[0]: beta for op in main.global_block().ops
-                      if op.type == "adam" and op.input("Param")[0] not in sparse
-                      for name, beta in DENSE_ADAM_BETAS.items()}
+            powers = {
+                op.input(name)[0]: beta
+                for op in main.global_block().ops
+                if op.type == "adam" and op.input("Param")[0] not in sparse
+                for name, beta in DENSE_ADAM_BETAS.items()
+            }
             for op in startup.global_block().ops:
                 if op.type == "fill_constant" and op.output("Out")[0] in powers:
                     beta = powers[op.output("Out")[0]]
@@ -141,9 +149,11 @@ class FleetTables(ParameterSync):
         servers = len(self.role.get_pserver_endpoints())
         missing = missing_shard(folder, self.layout(), servers)
         if missing:  # a server died while saving: this checkpoint must not be completed
-            raise ClusterError(f"{missing}: the servers' tables were not all saved (a "
-                               f"server that could not write them, or died, says why in "
-                               f"its log), so the checkpoint was left incomplete")
+            raise ClusterError(
+                f"{missing}: the servers' tables were not all saved (a "
+                f"server that could not write them, or died, says why in "
+                f"its log), so the checkpoint was left incomplete"
+            )
         write_manifest(folder, self.layout(), servers, self.rules(), self.pushes)
 
     def load(self, folder: str, scope) -> None:
@@ -165,8 +175,9 @@ class FleetTables(ParameterSync):
         hold them, and removed once the servers have read them."""
         self.role.barrier_worker()
         if self.role.is_first_worker():
-            ids = write_table_rows(folder, rows, self.layout(), self.rules(),
-                                   len(self.role.get_pserver_endpoints()))
+            ids = write_table_rows(
+                folder, rows, self.layout(), self.rules(), len(self.role.get_pserver_endpoints())
+            )
             for table_id in ids:  # returns once the servers have read their files
                 self.role.fleet.fleet._runtime_handle._worker.load_one_table(table_id, folder, 0)
             shutil.rmtree(folder, ignore_errors=True)
@@ -174,17 +185,33 @@ class FleetTables(ParameterSync):
 
     def layout(self) -> list:
         """The job's tables as the servers hold them: id, class, name and widths."""
-        return sorted({(t.table_id, t.table_class, t.common.table_name, t.accessor.fea_dim,
-                        t.accessor.embedx_dim, tuple(t.common.dims)) for t in self._tables()})
+        return sorted(
+            {
+                (
+                    t.table_id,
+                    t.table_class,
+                    t.common.table_name,
+                    t.accessor.fea_dim,
+                    t.accessor.embedx_dim,
+                    tuple(t.common.dims),
+                )
+                for t in self._tables()
+            }
+        )
 
     def rules(self) -> dict:
         """Each sparse table's optimiser rules on the servers, as a row's state needs them:
         ``{name: [embed rule, embedx rule, beta1, beta2]}``."""
-        return {t.common.table_name: [t.accessor.embed_sgd_param.name,
-                                      t.accessor.embedx_sgd_param.name,
-                                      t.accessor.embedx_sgd_param.adam.beta1_decay_rate,
-                                      t.accessor.embedx_sgd_param.adam.beta2_decay_rate]
-                for t in self._tables() if t.table_class == SPARSE_TABLE}
+        return {
+            t.common.table_name: [
+                t.accessor.embed_sgd_param.name,
+                t.accessor.embedx_sgd_param.name,
+                t.accessor.embedx_sgd_param.adam.beta1_decay_rate,
+                t.accessor.embedx_sgd_param.adam.beta2_decay_rate,
+            ]
+            for t in self._tables()
+            if t.table_class == SPARSE_TABLE
+        }
 
     def _tables(self):
         desc = self.role.fleet.fleet._runtime_handle.ps_desc_builder.ps_desc

@@ -52,8 +52,9 @@ class Record:
 
         from kspipe.observers.mlflow.store import client_for
 
-        self.client = client_for(OmegaConf.create({"tracking": {"uri": uri,
-                                                                "experiment": experiment}}))
+        self.client = client_for(
+            OmegaConf.create({"tracking": {"uri": uri, "experiment": experiment}})
+        )
         self.uri = uri
         if run_id is None:
             run_id = self.create(experiment, **create)
@@ -63,9 +64,8 @@ class Record:
         return run_id, self.experiment
 
     def create(self, experiment, run_name, tags, params, config_path, register, source):
-        from mlflow.entities import Param
-
         from kspipe.observers.mlflow.store import experiment_id
+        from mlflow.entities import Param
 
         if register:
             from kspipe.observers.mlflow import serving
@@ -75,11 +75,12 @@ class Record:
             found = source_run_id(self.client, source)
             if found:
                 tags = {**tags, "kspipe.source_run": found}
-        run = self.client.create_run(experiment_id(self.client, experiment),
-                                     run_name=run_name, tags=tags)
+        run = self.client.create_run(
+            experiment_id(self.client, experiment), run_name=run_name, tags=tags
+        )
         params = [Param(k, v) for k, v in params]
         for start in range(0, len(params), 100):
-            self.client.log_batch(run.info.run_id, params=params[start:start + 100])
+            self.client.log_batch(run.info.run_id, params=params[start : start + 100])
         self.client.log_artifact(run.info.run_id, config_path)
         return run.info.run_id
 
@@ -120,9 +121,11 @@ class Record:
             except ConfigError:
                 self.lost, self.looked = True, time.monotonic()
                 if name in DROPPED:
-                    say(f"the MLflow server at {shown(self.uri)} stopped answering: the "
+                    say(
+                        f"the MLflow server at {shown(self.uri)} stopped answering: the "
                         f"run's metrics and artifacts are not recorded until it answers "
-                        f"again")
+                        f"again"
+                    )
                 return self.unrecorded(name)
             raise
         return result
@@ -134,9 +137,11 @@ class Record:
         other request fails in one line."""
         if name in DROPPED and self.refused is None:
             self.refused = why
-            say(f"the MLflow store at {shown(self.uri)} cannot be written ({why}): the "
+            say(
+                f"the MLflow store at {shown(self.uri)} cannot be written ({why}): the "
                 f"run's metrics and artifacts it refuses are not recorded there (its run "
-                f"folder holds them all)")
+                f"folder holds them all)"
+            )
         if name == "abandoned":  # the job is gone, and has said why
             return None
         return self.unrecorded(name, why)
@@ -150,9 +155,13 @@ class Record:
         if name == "finish" and not self.owner:
             self.ended = True
             return f"the learning curve was not recorded: {why}"
-        what = ("the run was not ended there (it shows RUNNING); this run's folder holds its "
-                "results" if name in ENDS else "the run could not be made there"
-                if name == "open" else f"the run's {name} was not recorded")
+        what = (
+            "the run was not ended there (it shows RUNNING); this run's folder holds its results"
+            if name in ENDS
+            else "the run could not be made there"
+            if name == "open"
+            else f"the run's {name} was not recorded"
+        )
         raise ConfigError(f"tracking.uri={shown(self.uri)}: {why}; {what}")
 
     def draw(self, run_dir: str | None = None, headline: str = "") -> str | None:
@@ -162,8 +171,10 @@ class Record:
         if self.plot is None:
             from kspipe.observers.plots import learning_curve
 
-            self.plot = learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"),
-                                       headline) or ""
+            self.plot = (
+                learning_curve(self.curve, os.path.join(run_dir, "learning_curve.png"), headline)
+                or ""
+            )
         return self.plot or None
 
     def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
@@ -178,8 +189,9 @@ class Record:
         else:
             self.client.log_artifact(self.run_id, path, artifact_path)
 
-    def finish(self, status: str, run_dir: str | None = None, headline: str = "",
-               model: dict | None = None) -> str | None:
+    def finish(
+        self, status: str, run_dir: str | None = None, headline: str = "", model: dict | None = None
+    ) -> str | None:
         """The learning curve, the MLflow model (``model``: log_model's arguments) and the
         run's end, as its owner; the first worker of a cluster logs the curve only.
         Returns a line to say, if the model could not be logged."""
@@ -226,8 +238,11 @@ def source_run_id(client, path: str) -> str | None:
     if "'" in folder:
         return None  # not expressible in a filter string
     experiments = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_runs(experiments, f"tags.`kspipe.run_dir` = '{folder}'",
-                               max_results=1) if experiments else []
+    found = (
+        client.search_runs(experiments, f"tags.`kspipe.run_dir` = '{folder}'", max_results=1)
+        if experiments
+        else []
+    )
     return found[0].info.run_id if found else None
 
 
@@ -322,10 +337,12 @@ def prepare(uri: str | None) -> None:
 #: refused request take about 30 s (a server restarting), not MLflow's four minutes (7
 #: retries, backoff factor 2); a request that gets no answer gives up after 60 s; and the
 #: run's end prints no "View run" and "View experiment" lines (kspipe says the runs page).
-SERVER_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
-                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",  # a host gone silent: not 120 s a try
-                   "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+SERVER_SETTINGS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",  # a host gone silent: not 120 s a try
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
 
 
 def main(argv: list[str]) -> None:

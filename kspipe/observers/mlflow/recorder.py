@@ -56,13 +56,17 @@ class Recorder:
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", PROCESS, str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL,
-                start_new_session=_own_sessions)
+                pass_fds=(to_child, from_child),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=_own_sessions,
+            )
         finally:
             os.close(to_child)
             os.close(from_child)
-        return cls(process, Connection(requests, readable=False),
-                   Connection(answers, writable=False))
+        return cls(
+            process, Connection(requests, readable=False), Connection(answers, writable=False)
+        )
 
     @classmethod
     def take(cls) -> "Recorder":

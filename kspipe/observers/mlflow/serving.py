@@ -27,12 +27,12 @@ import logging
 import os
 import warnings
 
-import mlflow
 import pandas as pd
+
+import mlflow
+from kspipe.errors import ConfigError, KspipeError, first_line
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-from kspipe.errors import ConfigError, KspipeError, first_line
 
 MODEL_NAME = "model"  # runs:/<run id>/model
 
@@ -64,8 +64,9 @@ def predictor_class(serving: str):
     return getattr(importlib.import_module(module), name)
 
 
-def log_model(uri: str, run_id: str, run_dir: str, serving: str,
-              register: str | None = None) -> str:
+def log_model(
+    uri: str, run_id: str, run_dir: str, serving: str, register: str | None = None
+) -> str:
     """Log the run folder's inference model as the pyfunc ``model`` of ``run_id``, with a
     signature and an input example, and register it as ``register`` if set; return the
     model's URI.  A name the registry refuses raises :class:`ConfigError`."""
@@ -76,15 +77,20 @@ def log_model(uri: str, run_id: str, run_dir: str, serving: str,
     with static_graph():
         example = cls.example(artifacts)
         with quiet():
-            signature = infer_signature(example["input"], example["output"],
-                                        params=example["params"] or None)
+            signature = infer_signature(
+                example["input"], example["output"], params=example["params"] or None
+            )
         signature.inputs = loosened(signature.inputs, example.get("unchecked", ()))
         # start_run(run_id) ends the run afterwards, as kspipe would
         with quiet(), fluent_store(uri), mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=KspipeModel(serving),
-                                           artifacts=artifacts, signature=signature,
-                                           input_example=example["input"],
-                                           pip_requirements=requirements())
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_NAME,
+                python_model=KspipeModel(serving),
+                artifacts=artifacts,
+                signature=signature,
+                input_example=example["input"],
+                pip_requirements=requirements(),
+            )
     if register:
         try:
             with fluent_store(uri):
@@ -130,8 +136,12 @@ def loosened(schema, names):
     passes on as given (uint64 ids beyond its ``long``); the predictor checks them."""
     from mlflow.types.schema import AnyType, Array, ColSpec, Schema
 
-    return Schema([ColSpec(Array(AnyType()), column.name) if column.name in names else column
-                   for column in schema.inputs])
+    return Schema(
+        [
+            ColSpec(Array(AnyType()), column.name) if column.name in names else column
+            for column in schema.inputs
+        ]
+    )
 
 
 @contextlib.contextmanager
@@ -173,6 +183,6 @@ def check_registry_name(client, name: str) -> None:
 
 
 def registry_error(name: str, err: MlflowException) -> ConfigError:
-    return ConfigError(f"tracking.register={name}: the MLflow model registry refuses it: "
-                       f"{first_line(err)}")
-
+    return ConfigError(
+        f"tracking.register={name}: the MLflow model registry refuses it: {first_line(err)}"
+    )

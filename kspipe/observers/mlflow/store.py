@@ -26,8 +26,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 def tracking_uri(cfg) -> str:
     uri = cfg.tracking.uri or "sqlite:///mlflow.db"
-    if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///"):]):
-        uri = "sqlite:///" + user_path(uri[len("sqlite:///"):])  # from where kspipe started
+    if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///") :]):
+        uri = "sqlite:///" + user_path(uri[len("sqlite:///") :])  # from where kspipe started
     return uri
 
 
@@ -116,7 +116,7 @@ def sqlite_path(uri: str) -> str | None:
     """The database file of a ``sqlite:///`` URI; None for another store or an in-memory one."""
     if not uri.startswith("sqlite:///"):
         return None
-    path = uri[len("sqlite:///"):].partition("?")[0]
+    path = uri[len("sqlite:///") :].partition("?")[0]
     return path if path and path != ":memory:" else None
 
 
@@ -146,8 +146,7 @@ def begins_store(uri: str) -> str | None:
     empty by :func:`lock_folder` or :func:`remove_store`); else None (a symbolic link is
     never taken for a new store).  Asked under :func:`store_lock`."""
     path = sqlite_path(uri)
-    if path is None or os.path.islink(path) or (os.path.exists(path)
-                                               and os.path.getsize(path)):
+    if path is None or os.path.islink(path) or (os.path.exists(path) and os.path.getsize(path)):
         return None
     return path
 
@@ -240,9 +239,11 @@ def probe_server(uri: str, waits: tuple = SERVER_WAITS) -> None:
                 return
             reason = first_line(reason)
         if wait is None:
-            raise ConfigError(f"tracking.uri={shown(uri)}: cannot open the MLflow store: no "
-                              f"server answers there ({reason}); start it, or run with "
-                              f"tracking.enabled=false")
+            raise ConfigError(
+                f"tracking.uri={shown(uri)}: cannot open the MLflow store: no "
+                f"server answers there ({reason}); start it, or run with "
+                f"tracking.enabled=false"
+            )
         time.sleep(wait)
 
 
@@ -272,8 +273,9 @@ def shown(uri: str) -> str:
 
 def store_error(uri: str, err: Exception) -> ConfigError:
     """The one line for a store that cannot be opened, with the reason's first line."""
-    return ConfigError(f"tracking.uri={shown(uri)}: cannot open the MLflow store: "
-                       f"{first_line(driver_error(err))}")
+    return ConfigError(
+        f"tracking.uri={shown(uri)}: cannot open the MLflow store: {first_line(driver_error(err))}"
+    )
 
 
 def driver_error(err: BaseException) -> BaseException:

@@ -52,8 +52,9 @@ def start_parent_run(cfg, run_name: str, tags: dict) -> str:
     the jobs (in this process or the ones it starts) become its children; return its id."""
     global _open
     client = client_for(cfg)
-    run = client.create_run(experiment_id(client, cfg.tracking.experiment),
-                            run_name=run_name, tags=tags)
+    run = client.create_run(
+        experiment_id(client, cfg.tracking.experiment), run_name=run_name, tags=tags
+    )
     os.environ[PARENT_RUN_ENV] = run.info.run_id
     _open = (cfg, run.info.run_id)
     return run.info.run_id
@@ -81,12 +82,22 @@ def end_unfinished_parent(status: str) -> bool:
 def child_runs(cfg, parent_id: str) -> list[RunRecord]:
     """The runs of the sweep ``parent_id``, first started first."""
     client = client_for(cfg)
-    found = client.search_runs([client.get_run(parent_id).info.experiment_id],
-                               filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
-                               order_by=["attributes.start_time ASC"])
-    return [RunRecord(run_id=run.info.run_id, name=run.info.run_name, status=run.info.status,
-                      params=dict(run.data.params), metrics=dict(run.data.metrics),
-                      workload=workload_from_tags(run.data.tags)) for run in found]
+    found = client.search_runs(
+        [client.get_run(parent_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return [
+        RunRecord(
+            run_id=run.info.run_id,
+            name=run.info.run_name,
+            status=run.info.status,
+            params=dict(run.data.params),
+            metrics=dict(run.data.metrics),
+            workload=workload_from_tags(run.data.tags),
+        )
+        for run in found
+    ]
 
 
 def finish_parent_run(cfg, parent_id: str, status: str, artifacts=(), tags=None) -> None:

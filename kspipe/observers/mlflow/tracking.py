@@ -71,8 +71,13 @@ class MlflowTracker:
         self.owner = not given or role.is_cluster_job
         create = self.new_run(cfg, run_dir) if self.owner else None
         self.recorder = Recorder.take()
-        self.recorder.ask("open", tracking_uri(cfg), cfg.tracking.experiment,
-                          None if self.owner else given, create)
+        self.recorder.ask(
+            "open",
+            tracking_uri(cfg),
+            cfg.tracking.experiment,
+            None if self.owner else given,
+            create,
+        )
         if role.is_cluster_job:
             self.opened()
             with open_dict(cfg):  # the job's processes read it from their job.yaml
@@ -84,19 +89,24 @@ class MlflowTracker:
         from omegaconf import OmegaConf
 
         if cfg.tracking.get("register") and not cfg.tracking.get("model", True):
-            raise ConfigError(f"tracking.register={cfg.tracking.register} registers the "
-                              f"run's MLflow model, which tracking.model=false does not log")
-        tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir,
-                **workload_tags(self.workload)}
+            raise ConfigError(
+                f"tracking.register={cfg.tracking.register} registers the "
+                f"run's MLflow model, which tracking.model=false does not log"
+            )
+        tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir, **workload_tags(self.workload)}
         if parent_run_id():
             tags["mlflow.parentRunId"] = parent_run_id()
         resolved = OmegaConf.to_container(cfg, resolve=True)
         config_path = os.path.join(run_dir, "config.yaml")
         OmegaConf.save(cfg, config_path, resolve=True)
-        return {"run_name": cfg.tracking.run_name, "tags": tags,
-                "params": [(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(resolved).items()],
-                "config_path": config_path, "register": cfg.tracking.get("register"),
-                "source": cfg.get("evaluate") or cfg.get("init_from")}
+        return {
+            "run_name": cfg.tracking.run_name,
+            "tags": tags,
+            "params": [(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(resolved).items()],
+            "config_path": config_path,
+            "register": cfg.tracking.get("register"),
+            "source": cfg.get("evaluate") or cfg.get("init_from"),
+        }
 
     def opened(self) -> None:
         """Wait for the recorder to have opened the run (its error raised here)."""
@@ -117,8 +127,9 @@ class MlflowTracker:
 
     @hookimpl
     def kspipe_log_metrics(self, metrics, step):
-        self.request("metrics", {k: float(v) for k, v in metrics.items()}, step,
-                     int(time.time() * 1000))
+        self.request(
+            "metrics", {k: float(v) for k, v in metrics.items()}, step, int(time.time() * 1000)
+        )
 
     @hookimpl
     def kspipe_log_artifact(self, path, artifact_path):
@@ -130,8 +141,10 @@ class MlflowTracker:
         try:
             self.recorder.send(name, *args)
         except OSError as err:  # the recorder died: the job goes on
-            say(f"the run's MLflow record stops here (its recorder process ended: "
-                f"{first_line(err)})")
+            say(
+                f"the run's MLflow record stops here (its recorder process ended: "
+                f"{first_line(err)})"
+            )
             self.close()
 
     @hookimpl
@@ -151,11 +164,19 @@ class MlflowTracker:
         predictor (a refused ``tracking.register`` then fails the run; a model that cannot
         be logged otherwise is said in one line and the trained run is kept)."""
         serving = self.workload.serving
-        if (not serving or not cfg.tracking.get("model", True)
-                or not os.path.isdir(os.path.join(run_dir, "inference_model"))):
+        if (
+            not serving
+            or not cfg.tracking.get("model", True)
+            or not os.path.isdir(os.path.join(run_dir, "inference_model"))
+        ):
             return None
-        return {"uri": tracking_uri(cfg), "run_id": self.run_id, "run_dir": run_dir,
-                "serving": serving, "register": cfg.tracking.get("register")}
+        return {
+            "uri": tracking_uri(cfg),
+            "run_id": self.run_id,
+            "run_dir": run_dir,
+            "serving": serving,
+            "register": cfg.tracking.get("register"),
+        }
 
     @hookimpl
     def kspipe_run_error(self, cfg, error):
@@ -173,8 +194,10 @@ class MlflowTracker:
             self.recorder.ask("finish", status, *args)
             return self.recorder.answer()
         except (OSError, EOFError) as err:
-            say(f"the run's MLflow record was not ended {status} (its recorder process "
-                f"ended: {first_line(err)})")
+            say(
+                f"the run's MLflow record was not ended {status} (its recorder process "
+                f"ended: {first_line(err)})"
+            )
         finally:
             self.close()
 

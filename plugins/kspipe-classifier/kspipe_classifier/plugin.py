@@ -32,8 +32,12 @@ def kspipe_config_dirs():
 
 @hookimpl
 def kspipe_describe_workload(cfg):
-    return Workload(name=NAME, headline="test_accuracy", rate="samples_per_s",
-                    summary=("test_accuracy", "train_accuracy", "samples_per_s"))
+    return Workload(
+        name=NAME,
+        headline="test_accuracy",
+        rate="samples_per_s",
+        summary=("test_accuracy", "train_accuracy", "samples_per_s"),
+    )
 
 
 @dataclass
@@ -41,14 +45,14 @@ class ClassifierConfig:
     """The ``classifier`` group: its keys, their types and defaults (kspipe refuses a
     misspelt key or a value of the wrong type in one line)."""
 
-    classes: int = 4           # blobs, one per class
-    features: int = 8          # dimensions of a point
-    spread: float = 1.2        # each blob's standard deviation (their centres are ~3 apart)
+    classes: int = 4  # blobs, one per class
+    features: int = 8  # dimensions of a point
+    spread: float = 1.2  # each blob's standard deviation (their centres are ~3 apart)
     train_points: int = 4000
     test_points: int = 1000
-    hidden: int = 32           # the MLP's hidden layer
+    hidden: int = 32  # the MLP's hidden layer
     learning_rate: float = 0.1  # SGD
-    batch_size: int = 64       # the global batch: each worker takes its slice of it
+    batch_size: int = 64  # the global batch: each worker takes its slice of it
     epochs: int = 3
     seed: int = 0
 
@@ -64,8 +68,15 @@ def kspipe_check_config(cfg):
     if cfg.stages.program != NAME:
         return
     c = cfg.classifier
-    for key, minimum in (("classes", 2), ("features", 1), ("train_points", 1),
-                         ("test_points", 1), ("hidden", 1), ("batch_size", 1), ("epochs", 1)):
+    for key, minimum in (
+        ("classes", 2),
+        ("features", 1),
+        ("train_points", 1),
+        ("test_points", 1),
+        ("hidden", 1),
+        ("batch_size", 1),
+        ("epochs", 1),
+    ):
         check_integer(c[key], f"classifier.{key}", minimum)
     check_number(c.learning_rate, "classifier.learning_rate", 0, above=True)
     check_number(c.spread, "classifier.spread", 0, above=True)
@@ -135,8 +146,10 @@ def kspipe_build_program(cfg, dataset, role):
 def kspipe_compile_program(cfg, role, programs):
     import paddle
 
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
-                                                                       programs.startup):
+    with (
+        paddle.utils.unique_name.guard(),
+        paddle.static.program_guard(programs.main, programs.startup),
+    ):
         optimizer = paddle.optimizer.SGD(learning_rate=cfg.classifier.learning_rate)
         role.distributed_optimizer(optimizer).minimize(programs.loss)
     return programs
@@ -150,8 +163,10 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     c = cfg.classifier
     workers, index = role.worker_num(), role.worker_index()
     if c.batch_size % workers:
-        raise ConfigError(f"classifier.batch_size={c.batch_size} must divide among the "
-                          f"{workers} workers (each takes an equal slice of every batch)")
+        raise ConfigError(
+            f"classifier.batch_size={c.batch_size} must divide among the "
+            f"{workers} workers (each takes an equal slice of every batch)"
+        )
     share = c.batch_size // workers
     executor.run(programs.startup, scope=scope)
     role.init_worker(scope)
@@ -160,28 +175,41 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     for epoch in range(c.epochs):
         order = np.random.default_rng([c.seed, epoch]).permutation(len(dataset.train_x))
         for b in range(batches):
-            batch = order[b * c.batch_size:(b + 1) * c.batch_size][index * share:(index + 1) * share]
-            (loss,) = executor.run(programs.main, scope=scope, fetch_list=[programs.loss],
-                                   feed={"x": dataset.train_x[batch], "y": dataset.train_y[batch]})
+            batch = order[b * c.batch_size : (b + 1) * c.batch_size][
+                index * share : (index + 1) * share
+            ]
+            (loss,) = executor.run(
+                programs.main,
+                scope=scope,
+                fetch_list=[programs.loss],
+                feed={"x": dataset.train_x[batch], "y": dataset.train_y[batch]},
+            )
             seen += len(batch)
-            reporter.progress("train", epoch * batches + b + 1, total,
-                              {"loss": float(np.mean(loss)), "epoch": epoch + 1})
+            reporter.progress(
+                "train",
+                epoch * batches + b + 1,
+                total,
+                {"loss": float(np.mean(loss)), "epoch": epoch + 1},
+            )
     seconds = time.perf_counter() - started
     role.finish_training(scope)
     rates = role.all_gather(seen / seconds)
     metrics = {"samples_per_s": float(sum(rates))}
     if role.is_first_worker():
-        metrics["test_accuracy"] = accuracy(executor, scope, programs, dataset.test_x,
-                                            dataset.test_y)
-        metrics["train_accuracy"] = accuracy(executor, scope, programs, dataset.train_x,
-                                             dataset.train_y)
+        metrics["test_accuracy"] = accuracy(
+            executor, scope, programs, dataset.test_x, dataset.test_y
+        )
+        metrics["train_accuracy"] = accuracy(
+            executor, scope, programs, dataset.train_x, dataset.train_y
+        )
         reporter.metrics(metrics, step=total)
     return metrics
 
 
 def accuracy(executor, scope, programs, x, y) -> float:
-    (logits,) = executor.run(programs.test, scope=scope, feed={"x": x, "y": y},
-                             fetch_list=[programs.logits])
+    (logits,) = executor.run(
+        programs.test, scope=scope, feed={"x": x, "y": y}, fetch_list=[programs.logits]
+    )
     return float(np.mean(np.asarray(logits).argmax(axis=1) == y.ravel()))
 
 

@@ -26,10 +26,24 @@ def installed(tmp_path_factory):
     """The plugin pip-installed into a folder of its own, found through its entry point."""
     site, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "plugin"
     # from a copy: building writes build/ and *.egg-info beside the sources
-    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info",
-                                                                  "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), str(source)], check=True, timeout=600)
+    shutil.copytree(
+        PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        timeout=600,
+    )
     return plugin_env(site)
 
 
@@ -41,11 +55,21 @@ def kspipe(env, cwd, *args):
 def runs(installed, tmp_path_factory):
     """One run in each mode; {mode: run folder}."""
     out = {}
-    for mode, extra in (("local", []), ("collective", ["workers=2"]),
-                        ("pserver", ["workers=2", "cluster.strategy=sync"])):
+    for mode, extra in (
+        ("local", []),
+        ("collective", ["workers=2"]),
+        ("pserver", ["workers=2", "cluster.strategy=sync"]),
+    ):
         folder = tmp_path_factory.mktemp(mode)
-        result = kspipe(installed, folder, "+experiment=blobs", f"mode={mode}", *extra, *SMALL,
-                        f"run_dir={folder / 'run'}")
+        result = kspipe(
+            installed,
+            folder,
+            "+experiment=blobs",
+            f"mode={mode}",
+            *extra,
+            *SMALL,
+            f"run_dir={folder / 'run'}",
+        )
         assert result.returncode == 0, (mode, result.stderr[-3000:])
         assert "kspipe: done: test_accuracy" in result.stdout
         out[mode] = folder / "run"
@@ -60,7 +84,8 @@ def logits(run_dir, x):
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         program, feeds, fetches = paddle.static.load_inference_model(
-            str(run_dir / "inference_model" / "model"), exe)
+            str(run_dir / "inference_model" / "model"), exe
+        )
         (out,) = exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)
     return np.asarray(out)
 
@@ -77,20 +102,35 @@ def test_two_workers_end_with_the_one_process_model(runs, mode):
     # each worker took half of every batch; the all-reduced gradients (collective) or the
     # mean change on the servers (sync) make it the step of the whole batch
     x = np.random.default_rng(5).normal(0, 3, (64, 8)).astype(np.float32)
-    np.testing.assert_allclose(logits(runs[mode], x), logits(runs["local"], x),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        logits(runs[mode], x), logits(runs["local"], x), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_plugins_lists_the_workload(installed, tmp_path):
-    listing = subprocess.run([sys.executable, "-m", "kspipe.cli.command", "plugins"], cwd=tmp_path,
-                             env=installed, capture_output=True, text=True, timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-m", "kspipe.cli.command", "plugins"],
+        cwd=tmp_path,
+        env=installed,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = next(line for line in listing.stdout.splitlines() if line.startswith("classifier"))
     assert "kspipe-classifier 0.1.0" in line and "kspipe_execute [stage execute]" in line
 
 
 def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_path):
-    result = kspipe(installed, tmp_path, "+experiment=blobs", "mode=collective", "workers=3",
-                    *SMALL, "classifier.batch_size=64", f"run_dir={tmp_path / 'run'}")
+    result = kspipe(
+        installed,
+        tmp_path,
+        "+experiment=blobs",
+        "mode=collective",
+        "workers=3",
+        *SMALL,
+        "classifier.batch_size=64",
+        f"run_dir={tmp_path / 'run'}",
+    )
     assert result.returncode != 0
     assert "classifier.batch_size=64 must divide among the 3 workers" in result.stderr
     assert "Traceback" not in result.stderr
@@ -99,11 +139,14 @@ def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_p
 def test_a_misspelt_key_or_a_wrong_type_is_one_line(installed, tmp_path):
     """The plugin's schema (ClassifierConfig) checks its group as kspipe's own are."""
     for override, line in (
-            ("classifier.batch_sise=32", "kspipe: error: classifier.batch_sise=32: classifier "
-                                         "has no key 'batch_sise' (did you mean "
-                                         "classifier.batch_size?)"),
-            ("classifier.epochs=two", "kspipe: error: classifier.epochs=two: must be an "
-                                      "integer")):
+        (
+            "classifier.batch_sise=32",
+            "kspipe: error: classifier.batch_sise=32: classifier "
+            "has no key 'batch_sise' (did you mean "
+            "classifier.batch_size?)",
+        ),
+        ("classifier.epochs=two", "kspipe: error: classifier.epochs=two: must be an integer"),
+    ):
         result = kspipe(installed, tmp_path, "+experiment=blobs", override, *SMALL)
         assert result.returncode != 0
         assert result.stderr.strip().splitlines() == [line], result.stderr

@@ -12,8 +12,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from kspipe import hookimpl
-from kspipe.fewshot.data import FewShotDataset
 from kspipe.errors import ConfigError
+from kspipe.fewshot.data import FewShotDataset
 
 DEFAULTS = {"classes": 300, "drawings": 12, "size": 28, "seed": 0}
 
@@ -27,15 +27,24 @@ def kspipe_config_dirs():
 def kspipe_read_dataset(cfg, role):
     settings = {**DEFAULTS, **(cfg.get("shapes") or {})}
     if settings["classes"] < 2 or settings["drawings"] < 1:
-        raise ConfigError(f"shapes.classes={settings['classes']} and shapes.drawings="
-                          f"{settings['drawings']} must be at least 2 and 1")
+        raise ConfigError(
+            f"shapes.classes={settings['classes']} and shapes.drawings="
+            f"{settings['drawings']} must be at least 2 and 1"
+        )
     rng = np.random.default_rng(settings["seed"])
-    classes = [ShapeClass(i, rng, settings["drawings"], settings["size"])
-               for i in range(settings["classes"])]
+    classes = [
+        ShapeClass(i, rng, settings["drawings"], settings["size"])
+        for i in range(settings["classes"])
+    ]
     split = max(1, len(classes) // 5)
-    return FewShotDataset(name="shapes", train=classes[split:], val=[], test=classes[:split],
-                          image_shape=(settings["size"], settings["size"], 1),
-                          root=f"shapes(seed={settings['seed']})")
+    return FewShotDataset(
+        name="shapes",
+        train=classes[split:],
+        val=[],
+        test=classes[:split],
+        image_shape=(settings["size"], settings["size"], 1),
+        root=f"shapes(seed={settings['seed']})",
+    )
 
 
 class ShapeClass:
@@ -66,6 +75,10 @@ def draw(outline: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray
     points += canvas / 2 + rng.normal(0, canvas * 0.04, size=2)
     points += rng.normal(0, canvas * 0.015, size=points.shape)
     image = Image.new("L", (canvas, canvas), 255)
-    ImageDraw.Draw(image).line([tuple(p) for p in np.vstack([points, points[:1]])], fill=0,
-                               width=int(rng.integers(4, 8)), joint="curve")
+    ImageDraw.Draw(image).line(
+        [tuple(p) for p in np.vstack([points, points[:1]])],
+        fill=0,
+        width=int(rng.integers(4, 8)),
+        joint="curve",
+    )
     return np.asarray(image.resize((size, size), Image.LANCZOS))

@@ -2,18 +2,25 @@
 
 import numpy as np
 import pytest
+from kspipe_shapes import plugin
 
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import HookRecorder, compose_config, plugin_manager
-from kspipe_shapes import plugin
 
 CONFIG_DIRS = ["pkg://kspipe_shapes.conf"]
 
 
 def shapes_cfg(tmp_path, *overrides):
-    return compose_config(["+experiment=shapes_5way", f"run_dir={tmp_path / 'run'}",
-                           "tracking.enabled=false", *overrides], config_dirs=CONFIG_DIRS)
+    return compose_config(
+        [
+            "+experiment=shapes_5way",
+            f"run_dir={tmp_path / 'run'}",
+            "tracking.enabled=false",
+            *overrides,
+        ],
+        config_dirs=CONFIG_DIRS,
+    )
 
 
 def test_drawings_of_a_shape_vary_but_resemble_each_other(tmp_path):
@@ -29,12 +36,24 @@ def test_drawings_of_a_shape_vary_but_resemble_each_other(tmp_path):
 
 
 def test_a_pipeline_runs_through_the_plugin(tmp_path):
+    """A few meta-iterations, then 10 test tasks of 5 queries a shape: the model tells the
+    shapes apart better than chance (1 in 5).  Seen on seeds 0-5: 0.32-0.39 (0.39 on this
+    one); with the drawings dealt to the shapes at random (a data set whose classes mean
+    nothing): 0.15-0.21."""
     recorder = HookRecorder()
-    cfg = shapes_cfg(tmp_path, "train.meta_iters=4", "eval.tasks=3", "eval.interval=2",
-                     "eval.interval_tasks=2", "shapes.classes=30")
+    cfg = shapes_cfg(
+        tmp_path,
+        "train.meta_iters=4",
+        "eval.tasks=10",
+        "eval.queries=5",
+        "eval.train_tasks=2",
+        "eval.interval=2",
+        "eval.interval_tasks=2",
+        "shapes.classes=30",
+    )
     assert cfg.stages.dataset == "shapes"
     metrics = run(cfg, plugin_manager(("shapes", plugin), recorder))
-    assert 0 <= metrics["test_accuracy"] <= 1
+    assert metrics["test_accuracy"] > 0.2 + 0.07, metrics
     assert "kspipe_run_end" in recorder.names()
 
 

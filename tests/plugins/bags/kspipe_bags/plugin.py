@@ -26,13 +26,13 @@ NAME = "bags"
 class BagsConfig:
     """The ``bags`` group."""
 
-    ids: str = "fixed"       # fixed: [-1, words]; single: [-1, 1]; sequence: LoD, 1 to `words` ids
-    vocabulary: int = 100    # rows of the embedding table
-    width: int = 8           # its columns
-    words: int = 5           # ids per bag
+    ids: str = "fixed"  # fixed: [-1, words]; single: [-1, 1]; sequence: LoD, 1 to `words` ids
+    vocabulary: int = 100  # rows of the embedding table
+    width: int = 8  # its columns
+    words: int = 5  # ids per bag
     train_points: int = 4096
     test_points: int = 1024
-    batch_size: int = 64     # the global batch: each worker takes its slice of it
+    batch_size: int = 64  # the global batch: each worker takes its slice of it
     epochs: int = 4
     learning_rate: float = 0.5  # SGD
     seed: int = 0
@@ -50,8 +50,13 @@ def kspipe_config_schemas():
 
 @hookimpl
 def kspipe_describe_workload(cfg):
-    return Workload(name=NAME, headline="test_r2", rate="samples_per_s",
-                    summary=("test_r2", "samples_per_s"), starts_from=True)
+    return Workload(
+        name=NAME,
+        headline="test_r2",
+        rate="samples_per_s",
+        summary=("test_r2", "samples_per_s"),
+        starts_from=True,
+    )
 
 
 @dataclass
@@ -98,21 +103,23 @@ def kspipe_build_program(cfg, dataset, role):
     main, startup = paddle.static.Program(), paddle.static.Program()
     main.random_seed = startup.random_seed = c.seed + 1
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        table = paddle.ParamAttr(name="table",
-                                 initializer=paddle.nn.initializer.Normal(0.0, 0.1))
+        table = paddle.ParamAttr(name="table", initializer=paddle.nn.initializer.Normal(0.0, 0.1))
         y = paddle.static.data("y", [None, 1], "float32")
         if c.ids == "sequence":
             ids = paddle.static.data("ids", [None, 1], "int64", lod_level=1)
             rows = role.embedding(ids, [c.vocabulary, c.width], table)
-            pooled = paddle.static.nn.sequence_pool(paddle.reshape(rows, [-1, c.width]),
-                                                    "average")
+            pooled = paddle.static.nn.sequence_pool(paddle.reshape(rows, [-1, c.width]), "average")
         else:
             width = 1 if c.ids == "single" else c.words
             ids = paddle.static.data("ids", [None, width], "int64")
             rows = role.embedding(ids, [c.vocabulary, c.width], table)
             pooled = paddle.mean(paddle.reshape(rows, [-1, width, c.width]), axis=1)
-        prediction = paddle.static.nn.fc(pooled, 1, weight_attr=paddle.ParamAttr(name="out.w"),
-                                         bias_attr=paddle.ParamAttr(name="out.b"))
+        prediction = paddle.static.nn.fc(
+            pooled,
+            1,
+            weight_attr=paddle.ParamAttr(name="out.w"),
+            bias_attr=paddle.ParamAttr(name="out.b"),
+        )
         loss = paddle.mean(paddle.square(prediction - y))
     test = main.clone(for_test=True)
     return Programs(startup, main, test, prediction, loss)
@@ -122,8 +129,10 @@ def kspipe_build_program(cfg, dataset, role):
 def kspipe_compile_program(cfg, role, programs):
     import paddle
 
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(programs.main,
-                                                                       programs.startup):
+    with (
+        paddle.utils.unique_name.guard(),
+        paddle.static.program_guard(programs.main, programs.startup),
+    ):
         optimizer = paddle.optimizer.SGD(learning_rate=float(cfg.bags.learning_rate))
         role.distributed_optimizer(optimizer).minimize(programs.loss)
     return programs
@@ -134,9 +143,10 @@ def feed(cfg, part: tuple, rows) -> dict:
 
     ids, lengths, y = part
     if cfg.bags.ids == "sequence":
-        flat = np.concatenate([ids[i, :lengths[i]] for i in rows]).reshape(-1, 1)
-        tensor = paddle.base.create_lod_tensor(flat, [[int(lengths[i]) for i in rows]],
-                                               paddle.CPUPlace())
+        flat = np.concatenate([ids[i, : lengths[i]] for i in rows]).reshape(-1, 1)
+        tensor = paddle.base.create_lod_tensor(
+            flat, [[int(lengths[i]) for i in rows]], paddle.CPUPlace()
+        )
         return {"ids": tensor, "y": y[rows]}
     if cfg.bags.ids == "single":
         return {"ids": ids[rows, :1], "y": y[rows]}
@@ -159,8 +169,9 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     for epoch in range(c.epochs):
         order = np.random.default_rng([c.seed, epoch]).permutation(c.train_points)
         for b in range(batches):
-            rows = order[b * c.batch_size:(b + 1) * c.batch_size][index * share:
-                                                                  (index + 1) * share]
+            rows = order[b * c.batch_size : (b + 1) * c.batch_size][
+                index * share : (index + 1) * share
+            ]
             executor.run(programs.main, scope=scope, feed=feed(cfg, dataset.train, rows))
             seen += len(rows)
             reporter.progress("train", epoch * batches + b + 1, c.epochs * batches, {})
@@ -169,14 +180,18 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     metrics = {"samples_per_s": float(sum(role.all_gather(seen / seconds)))}
     if role.is_first_worker():
         everything = np.arange(c.test_points)
-        (predicted,) = executor.run(programs.test, scope=scope,
-                                    feed=feed(cfg, dataset.test, everything),
-                                    fetch_list=[programs.prediction])
+        (predicted,) = executor.run(
+            programs.test,
+            scope=scope,
+            feed=feed(cfg, dataset.test, everything),
+            fetch_list=[programs.prediction],
+        )
         y = dataset.test[2]
         metrics["test_r2"] = float(1 - np.sum((predicted - y) ** 2) / np.sum((y - y.mean()) ** 2))
-        np.savez(os.path.join(reporter.run_dir, "params.npz"),
-                 **{n: np.array(scope.find_var(n).get_tensor())
-                    for n in ("table", "out.w", "out.b")})
+        np.savez(
+            os.path.join(reporter.run_dir, "params.npz"),
+            **{n: np.array(scope.find_var(n).get_tensor()) for n in ("table", "out.w", "out.b")},
+        )
         with paddle.static.scope_guard(scope):
             paddle.static.save(programs.main, os.path.join(reporter.run_dir, "persistables"))
         reporter.metrics(metrics, step=c.epochs * batches)

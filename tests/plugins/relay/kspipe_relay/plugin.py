@@ -16,8 +16,9 @@ class RelayLauncher(ProcessLauncher):
 
     def check(self, cfg, processes):
         if processes > MOST:
-            raise ConfigError(f"cluster.launcher=relay starts at most {MOST} processes; "
-                              f"this job has {processes}")
+            raise ConfigError(
+                f"cluster.launcher=relay starts at most {MOST} processes; this job has {processes}"
+            )
 
     def command(self, planned, command):
         return [sys.executable, RELAY, f"{planned.role}.{planned.index}", *command]
