@@ -2,7 +2,7 @@
 
 A key-value store over HTTP, as gloo's HTTP client speaks it: ``PUT /<world>/<key>``
 keeps a value, ``GET`` returns it (404 until it is put).  Server 0 runs it as a child
-process (``python -m kspipe.cluster.addresses <port>``): gloo's set-up holds the Python
+process (``python -m kspipe.cluster.addresses <port> <host>``): gloo's set-up holds the Python
 interpreter's lock, so a thread of server 0 could not answer while server 0 itself meets
 the others.  The book says ``ready`` once it holds its port, and serves until its standard
 input closes, which happens when server 0 ends, however it ends.  See
@@ -12,17 +12,20 @@ input closes, which happens when server 0 ends, however it ends.  See
 from __future__ import annotations
 
 import http.server
+import socket
 import sys
 import threading
 
+from kspipe.cluster.endpoints import interface_of
+
 
 class AddressBook(http.server.ThreadingHTTPServer):
-    """The store, on ``port`` of every interface of this host."""
+    """The store, on ``port`` of ``address`` ("": every interface of this host)."""
 
     daemon_threads = True
 
-    def __init__(self, port: int):
-        super().__init__(("", port), Pages)
+    def __init__(self, port: int, address: str = ""):
+        super().__init__((address, port), Pages)
         self.values: dict[str, bytes] = {}
         self.lock = threading.Lock()
 
@@ -57,10 +60,12 @@ class Pages(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve(port: int) -> int:
-    """Serve the book on ``port`` until standard input closes."""
+def serve(port: int, host: str = "") -> int:
+    """Serve the book on ``port`` until standard input closes: on ``host``'s address where
+    this machine holds it (the job's own address), else on every interface (a name the
+    machine resolves elsewhere, say to a loopback address, would leave the others out)."""
     try:
-        book = AddressBook(port)
+        book = AddressBook(port, socket.gethostbyname(host) if interface_of(host) else "")
     except OSError as err:
         print(
             f"kspipe: error: the gloo meeting point cannot take port {port}: {err.strerror}",
@@ -74,4 +79,4 @@ def serve(port: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1])))
+    sys.exit(serve(int(sys.argv[1]), *sys.argv[2:3]))

@@ -106,3 +106,37 @@ def wait_for_listener(host: str, port: int, timeout_s: float, what: str) -> None
             if time.monotonic() > deadline:
                 raise ClusterError(f"{what} did not answer within {timeout_s:.0f} s") from None
             time.sleep(0.02)
+
+
+#: Linux's ioctl that reads an interface's IPv4 address.
+SIOCGIFADDR = 0x8915
+
+
+def interface_of(host: str) -> str:
+    """The name of this machine's network interface that holds ``host``'s IPv4 address
+    (``eth0``, ``lo`` ...), or "" where none does (or the system cannot tell).
+
+    Gloo, told no interface, announces the address this machine's name resolves to, which
+    many hosts map to a loopback address (``127.0.1.1``, Debian's installer's
+    ``/etc/hosts``): the other hosts of a job could not reach it.
+    """
+    import fcntl
+    import struct
+
+    try:
+        address = socket.gethostbyname(host) if host else ""
+    except OSError:
+        return ""
+    if not address:
+        return ""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                found = fcntl.ioctl(
+                    probe.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                )
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(found[20:24]) == address:
+                return name
+    return ""

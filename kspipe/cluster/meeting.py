@@ -25,7 +25,7 @@ import sys
 import paddle.distributed.fleet as fleet
 from paddle.base import core
 
-from kspipe.cluster.endpoints import wait_for_listener
+from kspipe.cluster.endpoints import interface_of, wait_for_listener
 from kspipe.errors import ClusterError
 
 #: How long a process waits for server 0's address book, and for its world to meet.
@@ -50,7 +50,7 @@ class MeetingRoleMaker(fleet.PaddleCloudRoleMaker):
         host, _, port = os.environ["PADDLE_GLOO_HTTP_ENDPOINT"].rpartition(":")
         port = int(port)
         if self._is_server() and self._server_index() == 0:
-            self.book = open_book(port)
+            self.book = open_book(host, port)
         else:
             wait_for(host, port)
         workers, servers, gloo = self._worker_num(), self._server_num(), self._gloo
@@ -71,7 +71,7 @@ def gloo_context(rank: int, size: int, endpoint: str):
     host, _, port = endpoint.rpartition(":")
     book = None
     if rank == 0:
-        book = open_book(int(port))
+        book = open_book(host, int(port))
     else:
         wait_for(host, int(port))
     strategy = core.GlooParallelStrategy()
@@ -83,11 +83,12 @@ def gloo_context(rank: int, size: int, endpoint: str):
     return context, book
 
 
-def open_book(port: int) -> subprocess.Popen:
-    """Start the address book on ``port`` of this host and return once it serves there; it
-    ends when this process does."""
+def open_book(host: str, port: int) -> subprocess.Popen:
+    """Start the address book on ``port`` of this host (on ``host``'s address where this
+    machine holds it, else on every interface) and return once it serves there; it ends
+    when this process does."""
     book = subprocess.Popen(
-        [sys.executable, "-m", "kspipe.cluster.addresses", str(port)],
+        [sys.executable, "-m", "kspipe.cluster.addresses", str(port), host],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -105,7 +106,9 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
     gloo.set_rank(rank)
     gloo.set_size(size)
     gloo.set_prefix(os.environ.get("SYS_JOB_ID", ""))
-    gloo.set_iface("")
+    # the interface of this process's own address (a parameter-server job's POD_IP): left
+    # to itself, gloo announces what this host's name resolves to, often a loopback address
+    gloo.set_iface(interface_of(os.environ.get("POD_IP", "")))
     gloo.set_timeout_seconds(MEET_TIMEOUT_S, RUN_TIMEOUT_S)
     gloo.set_http_store(host, port, world)
     gloo.init()

@@ -8,10 +8,15 @@ bandwidth.  Root only; nothing of it touches the machine's own network.
 
 The layout of a network ``<pid>-<n>`` (the ``n``-th one process ``pid`` made):
 
-* the namespace ``kspipe-net-<pid>-<n>-bridge`` holds the bridge ``br0`` and nothing else;
+* the namespace ``kspipe-net-<pid>-<n>-bridge`` holds the bridge ``br0`` (with no address:
+  nothing runs there);
 * host ``i`` (from 1) is the namespace ``kspipe-net-<pid>-<n>-h<i>``: its loopback and its
   link's end ``eth0``, address ``<subnet>.<i>/24``, are up; the link's other end, ``h<i>``
   in the bridge's namespace, is a port of ``br0``;
+* in each host, the machine's host name resolves to that host's address, and ``h<i>`` to
+  host ``i``'s, as on a cluster's machines: ``ip netns exec`` puts the file
+  ``/etc/netns/<namespace>/hosts`` in the place of ``/etc/hosts`` (``names=False`` leaves the
+  machine's own).  Paddle's gloo announces the address the host name resolves to;
 * both ends of every link send through a token bucket (``tc ... tbf``) at the link's rate,
   so each direction of a link carries at most ``mbit`` Mbit/s (``netem`` is not in every
   kernel: the links add no latency).
@@ -21,9 +26,10 @@ the host's network, on the machine's one filesystem.
 
 Cleaning up: :meth:`Network.close` (the ``with`` block's end, an exception included, the
 interpreter's exit, SIGTERM and SIGINT) kills the processes still in the network's namespaces
-(``ip netns pids``) and deletes them; the links go with them.  A process killed by SIGKILL
-cleans nothing, so every network made first removes the namespaces whose maker is gone
-(:func:`clear_stale`): their names hold their maker's process id.
+(``ip netns pids``) and deletes the namespaces (the links and the bridge go with them) and
+their ``/etc/netns`` folders.  A process killed by SIGKILL cleans nothing, so every network
+first removes those whose maker has ended (:func:`clear_stale`): their names hold their
+maker's process id.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -41,6 +48,7 @@ from dataclasses import dataclass
 
 PREFIX = "kspipe-net-"
 BRIDGE = "br0"
+ETC = "/etc/netns"  # ip netns exec's files of each namespace
 KILL_WAIT_S = 10.0
 
 
@@ -66,8 +74,9 @@ def _check_tools() -> None:
         raise NetworkUnavailable("an emulated network needs root (ip netns, tc)")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise NetworkUnavailable(f"an emulated network needs the `{tool}` command "
-                                     f"(apt-get install -y iproute2)")
+            raise NetworkUnavailable(
+                f"an emulated network needs the `{tool}` command (apt-get install -y iproute2)"
+            )
 
 
 def _run(*command: str) -> str:
@@ -76,8 +85,9 @@ def _run(*command: str) -> str:
     result = subprocess.run(command, capture_output=True, text=True, timeout=30)
     if result.returncode != 0:
         why = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[0]
-        raise NetworkUnavailable(f"cannot make the emulated network: `{' '.join(command)}` "
-                                 f"failed: {why}")
+        raise NetworkUnavailable(
+            f"cannot make the emulated network: `{' '.join(command)}` failed: {why}"
+        )
     return result.stdout
 
 
@@ -87,20 +97,31 @@ def namespaces(prefix: str = PREFIX) -> list[str]:
     if shutil.which("ip") is None:
         return []
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in names.splitlines()
-            if line.split() and line.split()[0].startswith(prefix)]
+    return [
+        line.split()[0]
+        for line in names.splitlines()
+        if line.split() and line.split()[0].startswith(prefix)
+    ]
+
+
+def files(prefix: str = PREFIX) -> list[str]:
+    """The folders of ``/etc/netns`` whose names start with ``prefix``."""
+    try:
+        return [name for name in os.listdir(ETC) if name.startswith(prefix)]
+    except OSError:
+        return []
 
 
 def processes_in(namespace: str) -> list[int]:
     """The processes in the network namespace ``namespace``."""
-    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
     return [int(pid) for pid in out.split()]
 
 
 def remove(names: list[str]) -> None:
     """Kill the processes in the namespaces ``names`` (SIGKILL: what runs there is a test's,
-    and it is over), wait until they are gone, and delete the namespaces."""
+    and it is over), wait until they are gone, and delete the namespaces and their
+    ``/etc/netns`` folders (and that folder, once empty)."""
     deadline = time.monotonic() + KILL_WAIT_S
     while True:
         left = [pid for name in names for pid in processes_in(name)]
@@ -114,6 +135,11 @@ def remove(names: list[str]) -> None:
         time.sleep(0.1)
     for name in names:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        shutil.rmtree(os.path.join(ETC, name), ignore_errors=True)
+    try:
+        os.rmdir(ETC)  # if nothing else is in it
+    except OSError:
+        pass
 
 
 def _maker(namespace: str) -> int | None:
@@ -135,7 +161,11 @@ def _alive(pid: int) -> bool:
 def clear_stale() -> list[str]:
     """Remove the emulated networks whose maker has ended (killed by SIGKILL, which leaves
     everything in place) with the processes still in them; their namespaces' names."""
-    stale = [name for name in namespaces() if (pid := _maker(name)) and not _alive(pid)]
+    stale = [
+        name
+        for name in sorted(set(namespaces() + files()))
+        if (pid := _maker(name)) and not _alive(pid)
+    ]
     remove(stale)
     return stale
 
@@ -144,7 +174,7 @@ def clear_stale() -> list[str]:
 class Host:
     """A host of the emulated network: its own namespace and address."""
 
-    name: str       # h1, h2, ...
+    name: str  # h1, h2, ...
     address: str
     namespace: str
 
@@ -170,18 +200,24 @@ _lock = threading.RLock()  # a signal's handler may close networks while one is 
 class Network:
     """``hosts`` hosts at ``<subnet>.1`` ... on one bridge, each linked to it at ``mbit``
     Mbit/s each way; made on entering a ``with`` block (or by :meth:`start`), removed by
-    :meth:`close` however the process ends, short of SIGKILL (see the module's doc)."""
+    :meth:`close` however the process ends, short of SIGKILL (see the module's doc).
+    ``names=False`` leaves every host the machine's ``/etc/hosts`` (where the machine's name
+    may be a loopback address, as Debian's installer writes it)."""
 
-    def __init__(self, hosts: int = 4, mbit: float = 1000, subnet: str = "10.77.0"):
+    def __init__(
+        self, hosts: int = 4, mbit: float = 1000, subnet: str = "10.77.0", names: bool = True
+    ):
         if not 1 <= hosts <= 250:
             raise ValueError(f"an emulated network has 1 to 250 hosts, not {hosts}")
         if not mbit > 0:
             raise ValueError(f"a link's rate is a positive number of Mbit/s, not {mbit}")
         self.mbit = mbit
+        self.names = names
         self.name = f"{PREFIX}{os.getpid()}-{next(_serial)}-"
         self.bridge = self.name + "bridge"
-        self.hosts = [Host(f"h{i}", f"{subnet}.{i}", f"{self.name}h{i}")
-                      for i in range(1, hosts + 1)]
+        self.hosts = [
+            Host(f"h{i}", f"{subnet}.{i}", f"{self.name}h{i}") for i in range(1, hosts + 1)
+        ]
 
     def __enter__(self) -> Network:
         return self.start()
@@ -213,10 +249,25 @@ class Network:
         _run("ip", "-n", br, "link", "set", BRIDGE, "up")
         for host in self.hosts:
             ns = host.namespace
+            if self.names:
+                self._name_hosts(host)
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", br, "link", "add", host.name, "type", "veth",
-                 "peer", "name", "eth0", "netns", ns)
+            _run(
+                "ip",
+                "-n",
+                br,
+                "link",
+                "add",
+                host.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            )
             _run("ip", "-n", br, "link", "set", host.name, "master", BRIDGE)
             _run("ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
             self._shape(br, host.name)
@@ -224,17 +275,50 @@ class Network:
             _run("ip", "-n", br, "link", "set", host.name, "up")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
 
+    def _name_hosts(self, host: Host) -> None:
+        """``host``'s own ``/etc/hosts``: the machine's name is its address, and ``h<i>`` is
+        host ``i``'s."""
+        names = "".join(f"{other.address} {other.name}\n" for other in self.hosts)
+        path = os.path.join(ETC, host.namespace, "hosts")
+        try:
+            try:
+                os.makedirs(os.path.dirname(path))
+            except FileNotFoundError:  # another network's removal took /etc/netns meanwhile
+                os.makedirs(os.path.dirname(path))
+            with open(path, "w") as f:
+                f.write(f"127.0.0.1 localhost\n{host.address} {socket.gethostname()}\n{names}")
+        except OSError as err:
+            raise NetworkUnavailable(
+                f"cannot make the emulated network: {path}: {err.strerror}"
+            ) from err
+
     def _shape(self, namespace: str, device: str) -> None:
         """What ``device`` sends, at most the link's rate: a token bucket holding 1 ms of
         traffic at that rate (at least 64 KiB, so a large segment passes whole) and queueing
         at most 20 ms of it."""
         burst = max(int(self.mbit * 1e6 / 8 / 1000), 64 * 1024)
-        _run("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf",
-             "rate", f"{round(self.mbit * 1e6)}bit", "burst", str(burst), "latency", "20ms")
+        _run(
+            "tc",
+            "-n",
+            namespace,
+            "qdisc",
+            "add",
+            "dev",
+            device,
+            "root",
+            "tbf",
+            "rate",
+            f"{round(self.mbit * 1e6)}bit",
+            "burst",
+            str(burst),
+            "latency",
+            "20ms",
+        )
 
     def namespaces(self) -> list[str]:
-        """This network's namespaces that exist now."""
-        return namespaces(self.name)
+        """This network's namespaces that exist now, and any ``/etc/netns`` folder left of
+        one."""
+        return sorted(set(namespaces(self.name) + files(self.name)))
 
     def close(self) -> None:
         """Kill the processes in this network's namespaces and delete them (and with them

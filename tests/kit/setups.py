@@ -1,4 +1,5 @@
-"""What some tests need from the machine (a Slurm, Chromium, disks it can mount), why each
+"""What some tests need from the machine (a Slurm, Chromium, disks it can mount, network
+namespaces for an emulated cluster), why each
 is missing, and which must work here.
 
 On Debian (apt) as root, ``.ci/run`` installs Slurm and Chromium, and a disk needs only root
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from tests.kit.disks import mounts_missing
+from tests.kit.network import unavailable as network_missing
 from tests.kit.slurm import slurm_missing
 
 #: Why the browser test is skipped where there is no Chromium (tests/cli/test_search.py).
@@ -46,5 +48,6 @@ def missing_here() -> dict[str, str]:
         "Slurm": slurm_missing(),
         "Chromium": chromium_missing(),
         "a mountable disk": mounts_missing(),
+        "an emulated network": network_missing(),
     }
     return {name: reason for name, reason in why.items() if reason}

@@ -109,3 +109,28 @@ def test_a_stranger_at_a_workers_listener_is_turned_away(monkeypatch):
         np.testing.assert_array_equal(result, np.full(1000, 6.0))
     assert len(listening) == 2  # workers 1 and 2 each listened, on their own address
     assert all(host == "127.0.0.1" for host, _ in listening)
+
+
+def test_a_worker_that_leaves_mid_round_fails_the_round_of_every_other():
+    """The last worker leaves after joining the chain: the others' round fails with an
+    error (a worker left), none waits for ever."""
+    workers, errors = Workers(3), {}
+
+    def work(index: int) -> None:
+        chain = summing.WorkerSum(workers.role(index))
+        try:
+            if index == 2:
+                chain.close()
+                return
+            chain.sum(np.ones(100_000))
+        except Exception as err:  # noqa: BLE001 - what each worker saw
+            errors[index] = err
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a worker still waits"
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, (summing.ClusterError, OSError)) for e in errors.values())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import numpy as np
 
@@ -32,7 +33,7 @@ HELLO = struct.Struct("!Q")  # the connecting worker's index
 #: How much a round moves at a time: small enough that the chain's later links start
 #: early (the pipeline fills in a chunk per hop), large enough that Python's overhead per
 #: chunk is small beside moving it.
-CHUNK_BYTES = 1 << 18
+CHUNK_BYTES = 1 << 16
 ACCEPT_TIMEOUT_S = 300.0
 
 
@@ -64,32 +65,69 @@ class WorkerSum:
     def sum(self, values: np.ndarray) -> np.ndarray:
         """Every worker's ``values`` (float64, the same shape on each) summed in worker order."""
         values = np.ascontiguousarray(values, np.float64)
-        total = values.copy()
         if self.count == 1:
-            return total
-        flat, own = total.reshape(-1), values.reshape(-1)
-        step = max(1, CHUNK_BYTES // flat.itemsize)
-        chunks = [(at, min(at + step, flat.size)) for at in range(0, flat.size, step)]
-        partial = np.empty(min(step, flat.size), np.float64)
-        for start, end in chunks:  # up the chain: the partial sums
-            if self.previous is not None:
-                received = partial[: end - start]
-                receive_into(self.previous, received)
-                np.add(received, own[start:end], out=flat[start:end])
-            if self.next is not None:
-                self.next.sendall(memoryview(flat[start:end]).cast("B"))
-        for start, end in chunks:  # down the chain: the total
-            if self.next is not None:
-                receive_into(self.next, flat[start:end])
-            if self.previous is not None:
-                self.previous.sendall(memoryview(flat[start:end]).cast("B"))
-        return total
+            return values.copy()
+        own = values.reshape(-1)
+        up, total = np.empty_like(own), np.empty_like(own)  # the partial sums; the total
+        step = max(1, CHUNK_BYTES // own.itemsize)
+        chunks = [(at, min(at + step, own.size)) for at in range(0, own.size, step)]
+        down = None
+        if self.next is not None:  # the totals come down on a thread of their own, at once
+            down = Passing(self.next, self.previous, total, chunks)
+        try:
+            for start, end in chunks:  # up the chain: the partial sums
+                if self.previous is None:
+                    up[start:end] = own[start:end]
+                else:
+                    receive_into(self.previous, up[start:end])
+                    np.add(up[start:end], own[start:end], out=up[start:end])
+                if self.next is not None:
+                    self.next.sendall(memoryview(up[start:end]).cast("B"))
+                else:  # the last worker: this chunk's total, passed down at once
+                    total[start:end] = up[start:end]
+                    self.previous.sendall(memoryview(total[start:end]).cast("B"))
+        except BaseException:
+            self.close()  # a round left half-way: the links are no good any more
+            if down is not None:
+                down.join(quietly=True)  # it ends as its link closes
+            raise
+        if down is not None:
+            down.join()  # its error, if a link failed on its side
+        return total.reshape(values.shape)
 
     def close(self) -> None:
         for link in (self.previous, self.next):
             if link is not None:
                 link.close()
         self.previous = self.next = None
+
+
+class Passing(threading.Thread):
+    """Down the chain: each chunk of the total, received from the next worker, written
+    into ``total`` and passed on to the previous one (if any), while the round's partial
+    sums still go up; both directions of a link are busy at once."""
+
+    def __init__(
+        self, source: socket.socket, sink: socket.socket | None, total: np.ndarray, chunks: list
+    ):
+        super().__init__(daemon=True)
+        self.source, self.sink, self.total, self.chunks = source, sink, total, chunks
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for start, end in self.chunks:
+                receive_into(self.source, self.total[start:end])
+                if self.sink is not None:
+                    self.sink.sendall(memoryview(self.total[start:end]).cast("B"))
+        except BaseException as err:  # noqa: BLE001 - raised again on the round's thread
+            self.error = err
+
+    def join(self, timeout: float | None = None, quietly: bool = False) -> None:
+        super().join(timeout)
+        if self.error is not None and not quietly:
+            raise self.error
 
 
 def accept_from(listener: socket.socket, index: int) -> socket.socket:

@@ -1,0 +1,188 @@
+"""Sync rounds at cluster scale, on an emulated network: each worker a host of its own
+(a network namespace with its own address), every host linked to one bridge at a chosen
+bandwidth (tests/kit/network.py; root only).
+
+    python bench/bench_scale.py --workers 2,4,8,16 --mbit 200 --floats 1000000 \
+        --against 8206396 --plot docs/scale.png
+
+For each number of workers, and for this checkout's sum (``chain``) and a revision's
+(``--against``: 8206396 is the hub the chain replaced), the workers sum an array of
+``--floats`` float64 values ``--rounds`` times through ``WorkerSum`` (bench/sum_worker.py):
+the exchange is the real one, and the workers compute nothing else, so the links bound a
+round.  Printed per job: the median round's time (the slowest worker's), the bytes each
+host sent and received per round (its link's counters: the busiest host's and the median
+host's), and the round's time against the same sum's at the fewest workers.  First, the
+bridge's own limit (two hosts, links not shaped), so the links' rate can be kept below what
+the cores can carry for every link at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.kit.network import Network  # noqa: E402
+
+WORKER = os.path.join(ROOT, "bench", "sum_worker.py")
+BLAST = """
+import socket, sys, time
+if sys.argv[1] == "serve":
+    with socket.create_server((sys.argv[2], 7200)) as s:
+        peer, _ = s.accept()
+        got = 0
+        while chunk := peer.recv(1 << 20):
+            got += len(chunk)
+        print(got)
+else:
+    for _ in range(100):
+        try:
+            link = socket.create_connection((sys.argv[2], 7200)); break
+        except OSError:
+            time.sleep(0.05)
+    block, started = b"x" * (1 << 20), time.perf_counter()
+    while time.perf_counter() - started < 3:
+        link.sendall(block)
+    link.close()
+"""
+
+
+def counters(host) -> tuple[int, int]:
+    """Bytes ``host``'s link has sent and received."""
+    out = host.run(
+        ["ip", "-j", "-s", "link", "show", "dev", "eth0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    stats = json.loads(out)[0]["stats64"]
+    return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+
+def bridge_limit() -> float:
+    """Gbit/s one TCP stream moves between two hosts whose links are not shaped."""
+    with Network(hosts=2, mbit=100_000) as net:
+        server, client = net.hosts
+        serving = server.popen(
+            [sys.executable, "-c", BLAST, "serve", server.address],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started = time.perf_counter()
+        client.run([sys.executable, "-c", BLAST, "send", server.address], check=True)
+        got = int(serving.communicate(timeout=30)[0])
+        return got * 8 / (time.perf_counter() - started) / 1e9
+
+
+def job(workers: int, mbit: float, floats: int, rounds: int, which: str) -> dict:
+    """One job's round times and bytes per round."""
+    with Network(hosts=workers, mbit=mbit) as net:
+        addresses = ",".join(h.address for h in net.hosts)
+        before = [counters(h) for h in net.hosts]
+        started = [
+            h.popen(
+                [sys.executable, WORKER, str(i), addresses, str(floats), str(rounds), which],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            for i, h in enumerate(net.hosts)
+        ]
+        results = []
+        for process in started:
+            out, _ = process.communicate(timeout=3600)
+            if process.returncode:
+                raise SystemExit(f"a worker of the {which} job failed ({process.returncode})")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        after = [counters(h) for h in net.hosts]
+    if len({r["digest"] for r in results}) != 1:
+        raise SystemExit(f"the {which} job's workers hold different sums")
+    per_round = [max(r["seconds"][k] for r in results) for k in range(rounds)]
+    moved = [(a[0] - b[0] + a[1] - b[1]) / (rounds + 1) for a, b in zip(after, before)]
+    return {
+        "workers": workers,
+        "sum": which,
+        "round_s": statistics.median(per_round),
+        "busiest_bytes": max(moved),
+        "median_bytes": statistics.median(moved),
+        "digest": results[0]["digest"],
+    }
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for which in dict.fromkeys(r["sum"] for r in rows):
+        mine = [r for r in rows if r["sum"] == which]
+        ax.plot(
+            [r["workers"] for r in mine],
+            [r["round_s"] for r in mine],
+            "o-",
+            label="chain (this checkout)" if which == "chain" else f"hub ({which})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers (a host each)")
+    ax.set_ylabel("sync round, s (median)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="2,4,8,16")
+    parser.add_argument("--mbit", type=float, default=200.0)
+    parser.add_argument("--floats", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--against", default="", help="a git revision's sum to compare")
+    parser.add_argument("--plot", default="", help="a PNG of round time by workers")
+    args = parser.parse_args()
+    print(f"bridge's limit, one stream, links not shaped: {bridge_limit():.2f} Gbit/s", flush=True)
+    counts = [int(n) for n in args.workers.split(",")]
+    sums = ["chain"] + ([args.against] if args.against else [])
+    rows = []
+    print(
+        f"{args.floats:,} float64 ({args.floats * 8 / 2**20:.1f} MiB) a round, links at "
+        f"{args.mbit:g} Mbit/s each way"
+    )
+    print("sum       workers  round_s  vs_fewest  busiest_host_MB  median_host_MB")
+    for which in sums:
+        first = None
+        for workers in counts:
+            row = job(workers, args.mbit, args.floats, args.rounds, which)
+            first = first or row["round_s"]
+            rows.append(row)
+            print(
+                f"{which:<9} {workers:>7}  {row['round_s']:7.3f}  "
+                f"{row['round_s'] / first:8.2f}x  {row['busiest_bytes'] / 1e6:15.1f}  "
+                f"{row['median_bytes'] / 1e6:14.1f}",
+                flush=True,
+            )
+    digests = {(r["workers"], r["digest"]) for r in rows}
+    if len(digests) != len(counts):
+        raise SystemExit("the sums differ between the two implementations")
+    print("every job's workers hold the same sum, equal between the implementations")
+    if args.plot:
+        plot(
+            rows,
+            args.plot,
+            f"{args.floats * 8 / 2**20:.0f} MiB float64 a round, links at {args.mbit:g} Mbit/s",
+        )
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""One worker of bench_scale.py's sync rounds, run in a host of the emulated network.
+
+    python bench/sum_worker.py <index> <addresses,...> <floats> <rounds> <chain|REV>
+
+Worker ``index`` of ``len(addresses)`` sums an array of ``floats`` float64 values with the
+others ``rounds`` times through kspipe's ``WorkerSum`` (``chain``: this checkout's;
+a git revision: that revision's ``kspipe/modes/summing.py``, e.g. the hub it replaced),
+after one round that is not timed, and prints one JSON line: the seconds of each timed
+round and a digest of the last sum (every worker must print the same).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GATHER_PORT = 7099  # worker 0's, for the workers' one all_gather (the ports they listen on)
+WORD = struct.Struct("!q")
+PAIR = struct.Struct("!qq")  # a worker's index and its value
+
+
+def summing_module(which: str):
+    """This checkout's summing module, or a revision's (loaded from git into a module)."""
+    if which == "chain":
+        sys.path.insert(0, ROOT)
+        from kspipe.modes.ps import summing
+
+        return summing
+    source = subprocess.run(
+        ["git", "-C", ROOT, "show", f"{which}:kspipe/modes/summing.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    sys.path.insert(0, ROOT)
+    spec = importlib.util.spec_from_loader(f"summing_{which}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, f"{which}:kspipe/modes/summing.py", "exec"), module.__dict__)
+    return module
+
+
+class Role:
+    """What WorkerSum asks of its role; ``all_gather`` meets at worker 0's gather port."""
+
+    def __init__(self, index: int, addresses: list[str]):
+        self.index, self.addresses = index, addresses
+
+    def worker_index(self) -> int:
+        return self.index
+
+    def worker_num(self) -> int:
+        return len(self.addresses)
+
+    def get_trainer_endpoints(self) -> list[str]:
+        return [f"{a}:{7000 + i}" for i, a in enumerate(self.addresses)]
+
+    def all_gather(self, value: int) -> list[int]:
+        count = len(self.addresses)
+        if self.index == 0:
+            values = [value] + [0] * (count - 1)
+            with socket.create_server((self.addresses[0], GATHER_PORT), backlog=count) as s:
+                peers = []
+                for _ in range(count - 1):
+                    peer, _ = s.accept()
+                    index, peer_value = PAIR.unpack(receive(peer, PAIR.size))
+                    values[index] = peer_value
+                    peers.append(peer)
+                for peer in peers:
+                    peer.sendall(b"".join(WORD.pack(v) for v in values))
+                    peer.close()
+            return values
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                link = socket.create_connection((self.addresses[0], GATHER_PORT), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with link:
+            link.sendall(PAIR.pack(self.index, value))
+            data = receive(link, WORD.size * count)
+        return [WORD.unpack(data[i : i + WORD.size])[0] for i in range(0, len(data), WORD.size)]
+
+
+def receive(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("a worker left")
+        data += chunk
+    return data
+
+
+def main(argv: list[str]) -> None:
+    index, addresses, floats, rounds, which = (
+        int(argv[0]),
+        argv[1].split(","),
+        int(argv[2]),
+        int(argv[3]),
+        argv[4],
+    )
+    summing = summing_module(which)
+    chain = summing.WorkerSum(Role(index, addresses))
+    values = np.random.default_rng(index).standard_normal(floats)
+    chain.sum(values)  # not timed: the links' first bytes, the pages of the buffers
+    seconds = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        total = chain.sum(values)
+        seconds.append(time.perf_counter() - started)
+    chain.close()
+    digest = hashlib.sha256(total.tobytes()).hexdigest()[:16]
+    print(json.dumps({"index": index, "seconds": seconds, "digest": digest}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
