@@ -19,7 +19,6 @@ import time
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
-from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
@@ -42,12 +41,6 @@ class PaddleJobLauncher(ProcessLauncher):
             "cluster.launcher=paddlejob: the kspipe command writes the job's "
             "PaddleJob manifest; Kubernetes starts its processes"
         )
-
-
-@hookimpl
-def kspipe_config_schemas():
-    """The launchers' keys of the cluster group (the modes' are theirs)."""
-    return {"cluster": LauncherConfig}
 
 
 @hookimpl

@@ -31,7 +31,6 @@ from kspipe.cluster.endpoints import free_ports, parse_endpoints
 from kspipe.cluster.plan import Planned
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
-from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 
@@ -76,12 +75,6 @@ class PaddleLauncher(ProcessLauncher):
             follow.echo()
             reporter.artifact(logs, "logs")
         return verdict(run_dir, logs, launcher.popen.returncode, started)
-
-
-@hookimpl
-def kspipe_config_schemas():
-    """The launchers' keys of the cluster group (the modes' are theirs)."""
-    return {"cluster": LauncherConfig}
 
 
 @hookimpl

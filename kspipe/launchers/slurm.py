@@ -30,7 +30,6 @@ import sys
 from kspipe import hookimpl
 from kspipe.cluster.plan import Planned, launch_plan
 from kspipe.errors import ConfigError
-from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.processes import ProcessLauncher
 
 
@@ -79,12 +78,6 @@ class SlurmLauncher(ProcessLauncher):
             command,
             int(planned.env.get("KSPIPE_THREADS") or threads()),
         )
-
-
-@hookimpl
-def kspipe_config_schemas():
-    """The launchers' keys of the cluster group (the modes' are theirs)."""
-    return {"cluster": LauncherConfig}
 
 
 @hookimpl

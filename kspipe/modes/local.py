@@ -14,16 +14,9 @@ from kspipe import hookimpl
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ClusterError, KspipeError
 from kspipe.launchers.watcher import error_line
-from kspipe.modes.config import ModeConfig
 from kspipe.modes.job import ClusterJob
 from kspipe.reporting import say
 from kspipe.role import Role
-
-
-@hookimpl
-def kspipe_config_schemas():
-    """The modes' keys of the cluster group (the launchers' are theirs)."""
-    return {"cluster": ModeConfig}
 
 
 @hookimpl

@@ -294,16 +294,12 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
         "eval": ["reptile"],
         "datafeed": ["datafeed"],
         "ctr": ["ctr"],
-        "cluster": ["collective", "local", "paddle", "paddlejob", "processes", "pserver", "slurm"],
+        "cluster": ["collective", "processes", "pserver"],
     }
     assert owners["cluster"] == {
-        "local": ModeConfig,
         "pserver": ModeConfig,
         "collective": ModeConfig,
         "processes": LauncherConfig,
-        "slurm": LauncherConfig,
-        "paddlejob": LauncherConfig,
-        "paddle": LauncherConfig,
     }
 
 
