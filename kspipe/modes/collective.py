@@ -8,11 +8,12 @@ Paddle's collective environment contract (``PADDLE_TRAINER_ID``,
 The reductions are Paddle's own collective ops in the programs (``c_allreduce_sum`` on
 ring 0), as Paddle's RawProgramOptimizer writes them:
 
-* ``distributed_optimizer(opt)``: after the backward ops, each gradient is all-reduced and
-  scaled by 1/workers, then the optimiser applies the mean gradient: every worker takes
-  the same step, that of one process over the workers' batches together;
+* ``distributed_optimizer(opt)``: after the backward ops, the gradients are summed over the
+  workers in one exchange and scaled by 1/workers (:mod:`kspipe.modes.fused`: one buffer,
+  one collective, one scale), then the optimiser applies the mean gradient: every worker
+  takes the same step, that of one process over the workers' batches together;
 * ``parameter_sync(shapes)``: after a workload's own update (Reptile's meta step) its
-  parameters are all-reduced and scaled by 1/workers (LocalSGD);
+  parameters are averaged over the workers the same way, in one exchange (LocalSGD);
 * at ``init_worker`` worker 0's parameters reach every worker (an all-reduce of them
   and zeros), so all start from the same model.
 
@@ -32,6 +33,7 @@ from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
 from kspipe.launchers.hosts import job_hosts
 from kspipe.modes.config import ModeConfig
+from kspipe.modes.fused import append_scale, append_sum
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
 
@@ -229,22 +231,29 @@ def reduce_program(
     op: str = "c_allreduce_sum",
     scale: float | None = None,
     zero_unless: bool | None = None,
+    nranks: int | None = None,
 ):
     """A program that all-reduces persistable ``variables`` ({name: (shape, dtype)}) in place.
 
     ``scale`` multiplies the result; ``zero_unless=False`` zeroes this worker's values first
-    (so a sum over workers is worker 0's values: a broadcast).
+    (so a sum over workers is worker 0's values: a broadcast).  Given ``nranks``, a sum is
+    one exchange for all the variables (:func:`kspipe.modes.fused.append_sum`); else each
+    variable is reduced on its own (``op``, any of the ``c_allreduce_*``).
     """
     import paddle
 
     program = paddle.static.Program()
     block = program.global_block()
-    for name, (shape, dtype) in variables.items():
-        var = block.create_var(name=name, shape=list(shape), dtype=dtype, persistable=True)
+    created = [
+        block.create_var(name=name, shape=list(shape), dtype=dtype, persistable=True)
+        for name, (shape, dtype) in variables.items()
+    ]
+    if nranks is not None and op == "c_allreduce_sum":
+        append_sum(block, created, nranks, scale=scale, zero=zero_unless is False)
+        return program
+    for var in created:
         if zero_unless is False:
-            block.append_op(
-                type="scale", inputs={"X": [var]}, outputs={"Out": [var]}, attrs={"scale": 0.0}
-            )
+            append_scale(block, var, 0.0)
         block.append_op(
             type=op,
             inputs={"X": [var]},
@@ -252,12 +261,7 @@ def reduce_program(
             attrs={"ring_id": 0, "use_calc_stream": True},
         )
         if scale is not None:
-            block.append_op(
-                type="scale",
-                inputs={"X": [var]},
-                outputs={"Out": [var]},
-                attrs={"scale": float(scale)},
-            )
+            append_scale(block, var, scale)
     return program
 
 
@@ -271,9 +275,10 @@ class ParameterAverage(ParameterSync):
         self.variables = {name: (list(shape), dtype) for name, shape in shapes.items()}
         self.scope = None
         alone = not role.reduces
-        self.average = None if alone else reduce_program(self.variables, scale=1.0 / role.nranks)
+        n = role.nranks
+        self.average = None if alone else reduce_program(self.variables, scale=1.0 / n, nranks=n)
         self.broadcast = (
-            None if alone else reduce_program(self.variables, zero_unless=role.rank == 0)
+            None if alone else reduce_program(self.variables, zero_unless=role.rank == 0, nranks=n)
         )
 
     def connect(self, scope) -> None:
@@ -318,19 +323,8 @@ class GradientAllReduce:
         if role.reduces:
             block = params_grads[0][1].block
             with block.program._backward_role_guard():  # a for_test clone drops them
-                for _, grad in params_grads:
-                    block.append_op(
-                        type="c_allreduce_sum",
-                        inputs={"X": [grad]},
-                        outputs={"Out": [grad]},
-                        attrs={"ring_id": 0, "use_calc_stream": True},
-                    )
-                    block.append_op(
-                        type="scale",
-                        inputs={"X": [grad]},
-                        outputs={"Out": [grad]},
-                        attrs={"scale": 1.0 / role.nranks},
-                    )
+                grads = [grad for _, grad in params_grads]
+                append_sum(block, grads, role.nranks, scale=1.0 / role.nranks)
         role.parameter_sync({p.name: p.shape for p, _ in params_grads})  # same start
         return self._inner.apply_gradients(params_grads)
 

@@ -1,13 +1,18 @@
 """mode=collective on CPU: two real processes whose programs all-reduce through gloo, checked
-against a one-process reference of the same computation."""
+against a one-process reference of the same computation; the fused exchange (one a step)
+checked against an all-reduce of each gradient and parameter on its own."""
 
 import glob
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kspipe.cluster.plan import launch_plan
 from kspipe.errors import ConfigError
+from kspipe.launchers.watcher import Cluster
 from kspipe.modes.role import Role
 from kspipe.pipeline import run
 from kspipe.testing import QuietReporter, compose_config, plugin_manager, tiny_overrides
@@ -116,6 +121,64 @@ def test_collective_workers_end_with_the_one_process_reference(tmp_path, tiny_da
     # worker 0 alone (no exchange) ends elsewhere: the comparison can tell
     alone = reference_alone(compose_config(common), iterations)
     assert max(np.abs(alone[n] - expected[n]).max() for n in expected) > 1e-3
+
+
+JOB = Path(__file__).with_name("collective_job.py")
+
+
+def collective_job(tmp_path, workers, steps, gather_bytes):
+    """collective_job.py on ``workers`` processes: each one's record."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = Cluster(str(tmp_path), echo_first_worker=False)
+    try:
+        for p in launch_plan("collective", workers, threads=1):
+            command = [sys.executable, str(JOB), str(out), str(steps), str(gather_bytes)]
+            cluster.start(p.role, p.index, p.env, command)
+        cluster.wait(timeout_s=300)
+    finally:
+        cluster.stop()
+    return [dict(np.load(out / f"worker{w}.npz")) for w in range(workers)]
+
+
+def assert_bits_equal(actual, expected, what):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, what
+    assert np.array_equal(actual.view(np.uint32), expected.view(np.uint32)), what
+
+
+@pytest.mark.parametrize(
+    "workers, gather_bytes, exact",
+    [
+        (2, 64 * 1024, True),  # the model's 701 weights all-gathered (the default for it)
+        (2, 0, True),  # the fused buffer through gloo's ring all-reduce
+        (3, 64 * 1024, False),  # summed in worker order, gloo's ring in its segments' order
+    ],
+)
+def test_fused_exchange_equals_one_all_reduce_per_tensor(tmp_path, workers, gather_bytes, exact):
+    """The mean gradients of each step, the parameters after them, and a parameter average:
+    with two workers equal bit for bit whichever way the fused buffer is summed (a + b is
+    b + a in floating point); with three, to float rounding (the order of the sum differs);
+    and the same on every worker, bit for bit, in every case."""
+    steps = 4
+    records = collective_job(tmp_path, workers, steps, gather_bytes)
+    first = records[0]
+    for other in records[1:]:  # every worker applies the same mean
+        for key, value in first.items():
+            assert_bits_equal(other[key], value, f"worker 0 and another differ at {key}")
+    compared = [k.split("/", 1)[1] for k in first if k.startswith("each/")]
+    assert len(compared) == steps * 6 + 6 + 6  # 3 layers' weights and biases
+    for key in compared:
+        each, fused = first[f"each/{key}"], first[f"fused/{key}"]
+        if exact:
+            assert_bits_equal(fused, each, key)
+        else:
+            np.testing.assert_allclose(fused, each, rtol=1e-5, atol=1e-7, err_msg=key)
+    # worker w averaged its parameters times w + 1: the mean is them times (workers + 1) / 2
+    np.testing.assert_allclose(
+        first["fused/average/fc_0.w_0"],
+        first["fused/param/fc_0.w_0"] * (workers + 1) / 2,
+        rtol=1e-6,
+    )
 
 
 @pytest.mark.parametrize(
