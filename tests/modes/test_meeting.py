@@ -14,7 +14,7 @@ from kspipe.errors import ClusterError
 
 def test_the_book_keeps_what_is_put_and_ends_with_its_starter():
     (port,) = free_ports(1)
-    book = open_book(port)
+    book = open_book("127.0.0.1", port)
     try:
         url = f"http://127.0.0.1:{port}/worker/rank-1"
         with pytest.raises(urllib.error.HTTPError) as missing:
@@ -34,4 +34,19 @@ def test_a_taken_port_is_one_line():
     with socket.create_server(("", 0)) as taken:
         port = taken.getsockname()[1]
         with pytest.raises(ClusterError, match=f"could not take port {port}"):
-            open_book(port)
+            open_book("127.0.0.1", port)
+
+
+def test_the_book_listens_on_the_jobs_address_alone():
+    """Given an address this machine holds, the book takes its port there, not on every
+    interface: 127.0.0.2, another of this machine's loopback addresses, is refused."""
+    (port,) = free_ports(1)
+    book = open_book("127.0.0.1", port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.2", port), timeout=5):
+            pass
+    finally:
+        book.stdin.close()
+    assert book.wait(timeout=10) == 0

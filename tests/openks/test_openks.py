@@ -439,13 +439,18 @@ with paddle.static.program_guard(main, startup):
         paddle.optimizer.SGD(0.1), CollectiveStrategy(build_strategy={"enable_inplace": False}))
     optimizer.minimize(loss)
 ops = main.global_block().ops
-reduced = [op.input("X")[0] for op in ops if op.type == "c_allreduce_sum"]
+fusing = [op for op in ops if op.type == "coalesce_tensor"]
+buffers = [op.output("FusedOutput")[0] for op in fusing]
 record = {
     "ops": [op.type for op in ops],
-    "reduced": reduced,
+    "fused": [name for op in fusing for name in op.input("Input")],
+    "exchanged": [op.input("X")[0] for op in ops
+                  if op.type in ("c_allreduce_sum", "c_allgather")],
+    "buffers": buffers,
     "gradients": [p.name + "@GRAD" for p in main.all_parameters()],
     "scales": [op.attr("scale") for op in ops
-               if op.type == "scale" and op.input("X")[0] in reduced],
+               if op.type == "scale" and op.input("X")[0] in buffers],
+    "waits": [op.input("X")[0] for op in ops if op.type == "depend"],
     "test_ops": [op.type for op in main.clone(for_test=True).global_block().ops],
     "compiled": isinstance(optimizer.compiled_program, paddle.static.CompiledProgram),
 }
@@ -455,8 +460,9 @@ with open(f"{sys.argv[1]}/worker-{algorithm.worker_index()}.json", "w") as f:
 
 
 def test_the_gpu_path_writes_collective_ops_into_the_program(tmp_path):
-    """HeterogeneousDistributedOptimizer on a collective job of two workers: each gradient
-    is all-reduced and scaled before the optimiser reads it, a for_test clone drops the
+    """HeterogeneousDistributedOptimizer on a collective job of two workers: the gradients,
+    fused into one buffer, are summed over the workers in one exchange and scaled before
+    the optimiser reads them (it waits on the buffer for each), a for_test clone drops the
     ops, and ``minimize`` leaves the compiled program for the script to run."""
     import json
 
@@ -486,9 +492,13 @@ def test_the_gpu_path_writes_collective_ops_into_the_program(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for index in range(2):
         worker = json.loads((tmp_path / f"worker-{index}.json").read_text())
-        ops, reduced = worker["ops"], worker["reduced"]
-        assert sorted(reduced) == sorted(worker["gradients"])
-        assert max(i for i, t in enumerate(ops) if t == "c_allreduce_sum") < ops.index("sgd")
-        assert len(worker["scales"]) == len(reduced) and set(worker["scales"]) == {0.5}
-        assert "c_allreduce_sum" not in worker["test_ops"]
+        ops, gradients = worker["ops"], sorted(worker["gradients"])
+        assert sorted(worker["fused"]) == gradients and len(worker["buffers"]) == 1
+        assert worker["exchanged"] == worker["buffers"]  # one exchange, of the buffer
+        exchanges = [i for i, t in enumerate(ops) if t in ("c_allreduce_sum", "c_allgather")]
+        assert len(exchanges) == 1 and exchanges[0] < ops.index("sgd")
+        assert worker["scales"] == [0.5]
+        assert sorted(worker["waits"]) == gradients
+        assert max(i for i, t in enumerate(ops) if t == "depend") < ops.index("sgd")
+        assert not {"c_allreduce_sum", "c_allgather"} & set(worker["test_ops"])
         assert worker["compiled"]
