@@ -72,8 +72,8 @@ class WorkerSum:
         step = max(1, CHUNK_BYTES // own.itemsize)
         chunks = [(at, min(at + step, own.size)) for at in range(0, own.size, step)]
         down = None
-        if self.next is not None:  # the totals come down on a thread of their own, at once
-            down = Passing(self.next, self.previous, total, chunks)
+        if self.next is not None and len(chunks) > 1:  # the totals come down at once, on a
+            down = Passing(self.next, self.previous, total, chunks)  # thread of their own
         try:
             for start, end in chunks:  # up the chain: the partial sums
                 if self.previous is None:
@@ -86,6 +86,10 @@ class WorkerSum:
                 else:  # the last worker: this chunk's total, passed down at once
                     total[start:end] = up[start:end]
                     self.previous.sendall(memoryview(total[start:end]).cast("B"))
+            if self.next is not None and down is None:  # one chunk: no thread to start
+                receive_into(self.next, total)
+                if self.previous is not None:
+                    self.previous.sendall(memoryview(total).cast("B"))
         except BaseException:
             self.close()  # a round left half-way: the links are no good any more
             if down is not None:
