@@ -4,6 +4,7 @@ changes nothing in the process, and none of the suite's own pieces (``tests.kit`
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -55,10 +56,23 @@ PUBLIC_KIT = ["__init__.py", "commands.py", "runs.py", "serving.py"]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """kspipe's wheel, built from the checkout, and the folder it is unpacked in."""
+    """kspipe's wheel, built from the checkout's tracked files, and the folder it is
+    unpacked in.  Built from a copy: setuptools leaves a ``build/`` folder where it builds,
+    and a stale one would put modules the checkout no longer has into the wheel."""
     tmp_path = tmp_path_factory.mktemp("wheel")
+    source = tmp_path / "source"
+    source.mkdir()
+    archive = (
+        subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], check=True, capture_output=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, archive):
+        if (REPO / name).is_file():  # a file deleted in the working tree is not copied
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         timeout=600,
     )
