@@ -36,7 +36,7 @@ class Jobs:
         from hydra.types import RunMode
 
         from kspipe.observers.sweep import JobFailed, job_label
-        from kspipe.pipeline import check, prepare, process_launcher, run
+        from kspipe.pipeline import hand_off, prepare, run
         from kspipe.plugin_manager import get_plugin_manager
 
         if self.pm is None:
@@ -56,12 +56,9 @@ class Jobs:
             if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
                 cfg.isolate = sweep
         try:
-            launcher = process_launcher(self.pm, cfg)
-            if launcher.hands_off(cfg):  # a scheduler runs the job (sbatch, Kubernetes)
-                check(cfg, self.pm)
-                print(
-                    f"kspipe: {launcher.hand_off(cfg, list(hydra_cfg.overrides.task))}", flush=True
-                )
+            handed = hand_off(cfg, self.pm, list(hydra_cfg.overrides.task))
+            if handed is not None:  # a scheduler runs the job (sbatch, Kubernetes)
+                print(f"kspipe: {handed}", flush=True)
                 return worst_value(hydra_cfg)
             workload = prepare(cfg, self.pm)  # described once: the run and its closing line
             metrics = run(cfg, self.pm, workload)

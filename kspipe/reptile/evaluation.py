@@ -12,7 +12,7 @@ import numpy as np
 
 from kspipe import stopping
 from kspipe.fewshot.data import Prefetcher
-from kspipe.reptile.sizing import thread_count
+from kspipe.reptile.lanes import thread_count
 from kspipe.reptile.tasks import evaluation_task
 
 

@@ -16,9 +16,16 @@ from kspipe.files import user_path
 from kspipe.reptile import evaluation
 from kspipe.reptile.adaptation import Adapter
 from kspipe.reptile.batched import combine_lanes, lane_gather, lane_shares
-from kspipe.reptile.lanes import Lane, child_lane, results, run_on_lanes, start_on_lanes
+from kspipe.reptile.lanes import (
+    Lane,
+    child_lane,
+    results,
+    run_on_lanes,
+    start_on_lanes,
+    tasks_together,
+    train_lanes,
+)
 from kspipe.reptile.programs import inner_batches, meta_step_size, tail_split
-from kspipe.reptile.sizing import tasks_together, train_lanes
 from kspipe.reptile.tasks import training_task
 from kspipe.role import Role
 

@@ -17,9 +17,9 @@ from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_keys, check_number
 from kspipe.reptile.batched import build_batched_programs, use_onednn_relu
 from kspipe.reptile.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig
+from kspipe.reptile.lanes import program_sizes, train_sizes
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
-from kspipe.reptile.sizing import program_sizes, train_sizes
 from kspipe.reptile.training import train_and_evaluate
 
 
