@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_exchange import classifier_runs, print_rates  # noqa: E402
+
 VARIANTS = ("no exchange", "per gradient", "fused (all-gather)", "fused (ring)")
 
 
@@ -124,42 +127,6 @@ def step_parts(steps: int) -> dict:
     return json.loads(out[0].strip().splitlines()[-1])
 
 
-def classifier_runs(folder: Path, epochs: int, repeats: int, jobs: dict) -> dict:
-    """{job: [its runs' metrics]} for ``jobs`` ({name: (overrides, kspipe tree or None)}),
-    alternated ``repeats`` times over, the plugin installed into ``folder`` first."""
-    site, source = folder / "site", folder / "src"
-    shutil.copytree(
-        ROOT / "plugins" / "kspipe-classifier",
-        source,
-        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
-    )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
-        + [str(source)],
-        check=True,
-        env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
-    )
-    out = {name: [] for name in jobs}
-    for repeat in range(repeats):
-        for number, (name, (overrides, tree)) in enumerate(jobs.items()):
-            run = folder / f"job{number}-{repeat}"
-            path = os.pathsep.join(([tree] if tree else []) + [str(site)])
-            env = {k: v for k, v in os.environ.items() if k != "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"}
-            result = subprocess.run(
-                [sys.executable, "-m", "kspipe.cli.command", "+experiment=blobs", *overrides]
-                + ["classifier.batch_size=64", "classifier.train_points=16384"]
-                + [f"classifier.epochs={epochs}", "tracking.enabled=false", f"run_dir={run}"],
-                cwd=folder,
-                env=dict(env, PYTHONPATH=path),
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode:
-                raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
-            out[name].append(json.loads((run / "metrics.json").read_text()))
-    return out
-
-
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         return step_parts_worker(int(sys.argv[2]))
@@ -189,16 +156,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         runs = classifier_runs(Path(tmp), args.epochs, args.repeats, jobs)
-    local = statistics.median(m["samples_per_s"] for m in runs["local"])
-    for name, metrics in runs.items():
-        rates = [m["samples_per_s"] for m in metrics]
-        rate = statistics.median(rates)
-        accuracies = [m["test_accuracy"] for m in metrics]
-        print(
-            f"  {name:<20} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
-            f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
-            f"{min(accuracies):.3f}-{max(accuracies):.3f})"
-        )
+    print_rates(runs, width=20)
 
 
 if __name__ == "__main__":

@@ -57,59 +57,33 @@ def exchange_steps(folder: Path, params: int, steps: int) -> dict:
     return out
 
 
-def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
-    """{job: [its runs' metrics]}, the jobs alternated ``repeats`` times over."""
-    site = folder / "site"
-    source = folder / "src"
+def classifier_runs(folder: Path, epochs: int, repeats: int, jobs: dict) -> dict:
+    """{job: [its runs' metrics]} for ``jobs`` ({name: (overrides, kspipe tree or None)}),
+    alternated ``repeats`` times over, the plugin installed into ``folder`` first."""
+    site, source = folder / "site", folder / "src"
     shutil.copytree(
         ROOT / "plugins" / "kspipe-classifier",
         source,
         ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
     )
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(source),
-        ],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+        + [str(source)],
         check=True,
         env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
     )
-    env = dict(os.environ, PYTHONPATH=str(site))
-    env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
-    jobs = {"local": ["mode=local"]}
-    for strategy in ("sync", "async", "geo"):
-        jobs[f"pserver {strategy}"] = [
-            "mode=pserver",
-            "workers=2",
-            "servers=1",
-            f"cluster.strategy={strategy}",
-        ]
     out = {name: [] for name in jobs}
     for repeat in range(repeats):
-        for name, overrides in jobs.items():
-            run = folder / f"{name.replace(' ', '-')}-{repeat}"
+        for number, (name, (overrides, tree)) in enumerate(jobs.items()):
+            run = folder / f"job{number}-{repeat}"
+            path = os.pathsep.join(([tree] if tree else []) + [str(site)])
+            env = {k: v for k, v in os.environ.items() if k != "KSPIPE_DISABLE_PLUGIN_AUTOLOAD"}
             result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "kspipe.cli.command",
-                    "+experiment=blobs",
-                    *overrides,
-                    "classifier.batch_size=64",
-                    "classifier.train_points=16384",
-                    f"classifier.epochs={epochs}",
-                    "tracking.enabled=false",
-                    f"run_dir={run}",
-                ],
+                [sys.executable, "-m", "kspipe.cli.command", "+experiment=blobs", *overrides]
+                + ["classifier.batch_size=64", "classifier.train_points=16384"]
+                + [f"classifier.epochs={epochs}", "tracking.enabled=false", f"run_dir={run}"],
                 cwd=folder,
-                env=env,
+                env=dict(env, PYTHONPATH=path),
                 capture_output=True,
                 text=True,
             )
@@ -117,6 +91,30 @@ def classifier_runs(folder: Path, epochs: int, repeats: int) -> dict:
                 raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
             out[name].append(json.loads((run / "metrics.json").read_text()))
     return out
+
+
+def print_rates(runs: dict, width: int = 14) -> None:
+    """Each job's median rate, against local's median, with its runs and accuracies."""
+    local = statistics.median(m["samples_per_s"] for m in runs["local"])
+    for name, metrics in runs.items():
+        rates = [m["samples_per_s"] for m in metrics]
+        rate = statistics.median(rates)
+        accuracies = [m["test_accuracy"] for m in metrics]
+        print(
+            f"  {name:<{width}} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
+            f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
+            f"{min(accuracies):.3f}-{max(accuracies):.3f})"
+        )
+
+
+#: The parameter-server jobs this bench compares with local: {name: (overrides, None)}.
+PSERVER_JOBS = {"local": (["mode=local"], None)} | {
+    f"pserver {strategy}": (
+        ["mode=pserver", "workers=2", "servers=1", f"cluster.strategy={strategy}"],
+        None,
+    )
+    for strategy in ("sync", "async", "geo")
+}
 
 
 def main() -> None:
@@ -152,17 +150,8 @@ def main() -> None:
             f"classifier plugin (+experiment=blobs), batch 64, 16,384 points, "
             f"{args.epochs} epochs, {args.repeats} runs of each job, alternated"
         )
-        runs = classifier_runs(folder, args.epochs, args.repeats)
-        local = statistics.median(m["samples_per_s"] for m in runs["local"])
-        for name, metrics in runs.items():
-            rates = [m["samples_per_s"] for m in metrics]
-            rate = statistics.median(rates)
-            accuracies = [m["test_accuracy"] for m in metrics]
-            print(
-                f"  {name:<14} median {rate:9,.0f} samples/s  {rate / local:5.2f}x local  "
-                f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}; test accuracy "
-                f"{min(accuracies):.3f}-{max(accuracies):.3f})"
-            )
+        runs = classifier_runs(folder, args.epochs, args.repeats, PSERVER_JOBS)
+        print_rates(runs)
 
 
 if __name__ == "__main__":
