@@ -9,8 +9,10 @@
    (:mod:`kspipe.memory`; ms, median of alternated rounds, worker 0's view): with no
    exchange; with one all-reduce and one scale per gradient (the mode's
    programs before their gradients were fused); with the fused exchange as the mode now
-   makes it (one all-gather of a buffer this small); with the fused buffer through gloo's
-   ring all-reduce.  The difference to "no exchange" is what the exchange costs a step.
+   made it before (one all-gather of a buffer this small); with the fused buffer through
+   gloo's ring all-reduce; and summed along the workers' chain of kspipe's own sockets in a
+   ``py_func`` op, as the mode now makes it.  The difference to "no exchange" is what the
+   exchange costs a step.
 2. The example classifier plugin (plugins/kspipe-classifier, installed into a temporary
    folder) trained with ``kspipe +experiment=blobs`` at batch 64, as bench_exchange.py
    trains it: ``mode=local`` and ``mode=collective workers=2``, and with ``--before DIR``
@@ -36,7 +38,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_exchange import classifier_runs, print_rates  # noqa: E402
 
-VARIANTS = ("no exchange", "per gradient", "fused (all-gather)", "fused (ring)")
+VARIANTS = (
+    "no exchange",
+    "per gradient",
+    "fused (all-gather)",
+    "fused (ring)",
+    "fused (chain)",
+)
 
 
 def build(variant: str, role):
@@ -69,6 +77,7 @@ def build(variant: str, role):
             optimizer.apply_gradients(params_grads)
         else:
             fused.GATHER_BYTES = 0 if variant == "fused (ring)" else 64 * 1024
+            fused.CHAIN_BYTES = 1 << 40 if variant == "fused (chain)" else -1
             GradientAllReduce(role, optimizer).minimize(loss)
     return main, startup, loss
 
@@ -82,6 +91,7 @@ def step_parts_worker(steps: int) -> None:
 
     paddle.enable_static()
     role = CollectiveRole()
+    role.init_worker(paddle.static.Scope())  # the chain of sockets made
     rng = np.random.default_rng(role.rank)
     feed = {
         "x": rng.normal(size=(32, 8)).astype(np.float32),

@@ -15,6 +15,19 @@ host sent and received per round (its link's counters: the busiest host's and th
 host's), and the round's time against the same sum's at the fewest workers.  First, the
 bridge's own limit (two hosts, links not shaped), so the links' rate can be kept below what
 the cores can carry for every link at once.
+
+``--jobs`` measures whole jobs instead (bench/scale_jobs.py): ``kspipe`` jobs of the bench's
+workload (bench/plugins/kspipe_scale: one dense parameter of ``--weights`` float32 values, a
+small fixed compute a step), each server and worker on a host of its own, for the modes and
+strategies listed, at each ``workers:servers`` of ``--sizes``:
+
+    python bench/bench_scale.py --jobs sync,async,geo,collective --sizes 2:1,4:2,8:4,16:8 \
+        --weights 10000,112451,4000000 --mbit 100 --out scale.json --plot docs/scale-jobs.png
+
+Printed per job: a step's time (worker 0's window between two barriers over its steps),
+the bytes a step of the busiest worker host and the busiest server host, the step against
+the same job's at the fewest workers, and, for sync, the digest of the final parameters
+(each job's own: the same job run again gives the same).
 """
 
 from __future__ import annotations
@@ -153,7 +166,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", default="", help="a git revision's sum to compare")
     parser.add_argument("--plot", default="", help="a PNG of round time by workers")
+    parser.add_argument("--jobs", default="", help="whole jobs: sync,async,geo,collective")
+    parser.add_argument("--sizes", default="2:1,4:2,8:4,16:8", help="workers:servers, ...")
+    parser.add_argument("--weights", default="1000000", help="the model's sizes, ...")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--k-steps", type=int, default=4, help="geo's steps a round")
+    parser.add_argument("--out", default="", help="the jobs' rows as JSON (appended)")
     args = parser.parse_args()
+    if args.jobs:
+        from bench.scale_jobs import run_jobs
+
+        run_jobs(args)
+        return
     print(f"bridge's limit, one stream, links not shaped: {bridge_limit():.2f} Gbit/s", flush=True)
     counts = [int(n) for n in args.workers.split(",")]
     sums = ["chain"] + ([args.against] if args.against else [])

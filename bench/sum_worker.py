@@ -33,7 +33,7 @@ def summing_module(which: str):
     """This checkout's summing module, or a revision's (loaded from git into a module)."""
     if which == "chain":
         sys.path.insert(0, ROOT)
-        from kspipe.modes.ps import summing
+        from kspipe.modes import summing
 
         return summing
     source = subprocess.run(

@@ -114,6 +114,7 @@ class CollectiveRole(Role):
         # always (a ring of one still sets up NCCL and runs the ops: the GPU path)
         self.reduces = self.nranks > 1 or self.device is not None
         self.gloo = self.book = None  # the workers' gloo world; worker 0: its meeting point
+        self.chain = None  # the workers' chain of sockets (WorkerSum), once a sum needs it
         if self.nranks > 1:
             from kspipe.cluster.meeting import gloo_context
 
@@ -159,6 +160,15 @@ class CollectiveRole(Role):
         if self.gloo is not None:
             self.gloo.barrier()
 
+    def chain_sum(self, values: np.ndarray) -> np.ndarray:
+        """``values`` summed over the workers in worker order along their chain of kspipe's
+        own sockets (made at the first call, which every worker makes in step)."""
+        if self.chain is None:
+            from kspipe.modes.summing import WorkerSum
+
+            self.chain = WorkerSum(self)
+        return self.chain.sum(values)
+
     # distribution
     def refuses(self, needs, cfg) -> str | None:
         return refusal(needs)
@@ -187,6 +197,10 @@ class CollectiveRole(Role):
     def init_worker(self, scope=None) -> None:
         if self.device is not None and not self._nccl_ready:
             self._init_nccl()  # before the first program with collective ops runs
+        if self.device is None and self.nranks > 1 and self.chain is None:
+            from kspipe.modes.summing import WorkerSum
+
+            self.chain = WorkerSum(self)
         super().init_worker(scope)
 
     def _init_nccl(self) -> None:
@@ -324,7 +338,13 @@ class GradientAllReduce:
             block = params_grads[0][1].block
             with block.program._backward_role_guard():  # a for_test clone drops them
                 grads = [grad for _, grad in params_grads]
-                append_sum(block, grads, role.nranks, scale=1.0 / role.nranks)
+                append_sum(
+                    block,
+                    grads,
+                    role.nranks,
+                    scale=1.0 / role.nranks,
+                    chain=role.chain_sum if role.device is None else None,
+                )
         role.parameter_sync({p.name: p.shape for p, _ in params_grads})  # same start
         return self._inner.apply_gradients(params_grads)
 

@@ -9,10 +9,14 @@ by its sum over the workers (times a scale), with one exchange per dtype:
 * ``coalesce_tensor`` copies the variables into one flat buffer and points each of them
   at its own part of it (so what is written to the buffer is what they hold), as Paddle's
   own fused all-reduce does;
-* one collective sums the buffer: for a small buffer an all-gather of every worker's
-  buffer (one pass round the ring) and ``reduce_sum`` over the workers, in worker order;
-  for a large one ``c_allreduce_sum``, gloo's ring, whose bytes per worker do not grow with
-  the workers (:data:`GATHER_BYTES` chooses);
+* one exchange sums the buffer.  On CPU, with the role's ``chain`` given, a ``py_func``
+  op hands it to the workers' chain of kspipe's own sockets
+  (:class:`kspipe.modes.summing.WorkerSum`: worker order, a link carries the buffer once
+  each way whatever the workers' number), which on CPU answers in a fraction of gloo's
+  time (BENCHMARKS.md); else through gloo (or NCCL): for a small buffer an all-gather of
+  every worker's buffer (one pass round the ring) and ``reduce_sum`` over the workers, in
+  worker order; for a large one ``c_allreduce_sum``, the ring, whose bytes per worker do not
+  grow with the workers (:data:`GATHER_BYTES` chooses);
 * one ``scale`` op multiplies the whole buffer (1/workers: the mean);
 * a ``depend`` op per variable tells Paddle's executor that what reads the variable
   reads the buffer's result (it orders ops by the variables they name, so without it an
@@ -20,8 +24,8 @@ by its sum over the workers (times a scale), with one exchange per dtype:
 
 Every worker ends with the same values.  With two workers they equal, bit for bit, the
 per-tensor all-reduce's (each element is the same two numbers added, then scaled); with
-more, the all-gather adds in worker order and gloo's ring in the order of its segments,
-so the two can differ by float rounding.
+more, the chain and the all-gather add in worker order and gloo's ring in the order of its
+segments, so they can differ by float rounding.
 """
 
 from __future__ import annotations
@@ -32,17 +36,33 @@ import numpy as np
 #: to this the exchange's latency outweighs its bytes (two workers on the 2-core EPYC:
 #: 420 weights 1.05 ms gathered against 2.1 ms through the ring, equal near 20,000).
 GATHER_BYTES = 64 * 1024
+#: The largest buffer, in bytes, summed along the workers' chain of kspipe's own sockets
+#: (a ``py_func`` op), not through gloo.
+CHAIN_BYTES = 1 << 40
 
 
-def append_sum(block, variables, nranks: int, scale: float | None = None, zero: bool = False):
+def append_sum(
+    block,
+    variables,
+    nranks: int,
+    scale: float | None = None,
+    zero: bool = False,
+    chain=None,
+):
     """Append to ``block`` the ops that replace each of ``variables`` (the block's variables,
     initialised when the ops run) by its sum over the ``nranks`` workers, times ``scale``;
-    ``zero`` zeroes this worker's values first (a sum that is the other workers' alone)."""
+    ``zero`` zeroes this worker's values first (a sum that is the other workers' alone).
+    ``chain``: a function that sums an array over the workers (every worker calls it in
+    step; :class:`kspipe.modes.summing.WorkerSum`), used where a buffer is at most
+    :data:`CHAIN_BYTES`."""
     for group in by_dtype(variables):
         buffer = coalesce(block, group)
         if zero:
             append_scale(block, buffer, 0.0)
-        if buffer_bytes(group) * (nranks - 1) <= GATHER_BYTES:
+        if chain is not None and buffer_bytes(group) <= CHAIN_BYTES:
+            append_chain_sum(block, buffer, chain, 1.0 if scale is None else scale)
+            scale = None
+        elif buffer_bytes(group) * (nranks - 1) <= GATHER_BYTES:
             append_gathered_sum(block, buffer, nranks)
         else:
             block.append_op(
@@ -132,6 +152,30 @@ def append_gathered_sum(block, buffer, nranks: int) -> None:
         inputs={"X": [rows]},
         outputs={"Out": [buffer]},
         attrs={"dim": [0], "keep_dim": False, "reduce_all": False},
+    )
+
+
+def append_chain_sum(block, buffer, chain, scale: float) -> None:
+    """``buffer`` := ``scale`` times the sum of every worker's ``buffer``, summed by
+    ``chain`` in a ``py_func`` op (into a temporary: the op's output gets new memory, and
+    the buffer's must stay the one its views share), then scaled back into it."""
+    import paddle
+    from paddle.utils import unique_name
+
+    summed = block.create_var(
+        name=unique_name.generate("kspipe_chained"),
+        shape=buffer.shape,
+        dtype=buffer.dtype,
+        persistable=False,
+    )
+
+    def forward(values):
+        return chain(np.array(values))
+
+    with paddle.static.program_guard(block.program):
+        paddle.static.py_func(forward, x=buffer, out=summed)
+    block.append_op(
+        type="scale", inputs={"X": [summed]}, outputs={"Out": [buffer]}, attrs={"scale": scale}
     )
 
 

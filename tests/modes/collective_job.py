@@ -7,7 +7,8 @@ The same model, from the same start, on this worker's own batches: once with eac
 gradient all-reduced and scaled on its own (the collective mode's programs before their
 gradients were fused, written out here), once through the mode's optimiser
 (:class:`GradientAllReduce`, one fused exchange; ``gather_bytes`` sets
-:data:`kspipe.modes.fused.GATHER_BYTES`, 0 for gloo's ring).  It records each step's mean
+:data:`kspipe.modes.fused.GATHER_BYTES`, 0 for gloo's ring, -1 for the workers' chain of
+sockets, the mode's default).  It records each step's mean
 gradients and the final parameters of both, and the parameters' average both ways
 (:func:`reduce_program` per variable and fused), as ``worker<rank>.npz`` in the out folder.
 """
@@ -91,8 +92,9 @@ def main(out: str, steps: int, gather_bytes: int) -> None:
     import paddle
 
     paddle.enable_static()
-    fused.GATHER_BYTES = gather_bytes
-    role = CollectiveRole()
+    fused.GATHER_BYTES = max(gather_bytes, 0)
+    fused.CHAIN_BYTES = fused.CHAIN_BYTES if gather_bytes < 0 else -1
+    role = CollectiveRole()  # no init_worker: the chain is made at the first sum
     record = {}
     for name, optimiser in (("each", per_gradient), ("fused", fused_gradients)):
         grads, params = train(role, optimiser, steps)

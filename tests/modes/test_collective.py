@@ -149,9 +149,11 @@ def assert_bits_equal(actual, expected, what):
 @pytest.mark.parametrize(
     "workers, gather_bytes, exact",
     [
-        (2, 64 * 1024, True),  # the model's 701 weights all-gathered (the default for it)
+        (2, -1, True),  # the fused buffer along the workers' chain of sockets (the default)
+        (2, 64 * 1024, True),  # the model's 701 weights all-gathered through gloo
         (2, 0, True),  # the fused buffer through gloo's ring all-reduce
-        (3, 64 * 1024, False),  # summed in worker order, gloo's ring in its segments' order
+        (3, -1, False),  # summed in worker order, gloo's ring in its segments' order
+        (3, 64 * 1024, False),
     ],
 )
 def test_fused_exchange_equals_one_all_reduce_per_tensor(tmp_path, workers, gather_bytes, exact):

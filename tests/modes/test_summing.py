@@ -1,4 +1,4 @@
-"""The sync rounds' sum along the workers' chain (kspipe.modes.ps.summing), on loopback:
+"""The sync rounds' sum along the workers' chain (kspipe.modes.summing), on loopback:
 exactly the sum in worker order, whatever the chunking, and strangers kept out."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from kspipe.modes.ps import summing
+from kspipe.modes import summing
 
 
 class Workers:
@@ -70,23 +70,32 @@ def run_workers(count: int, arrays: list, rounds: int = 2, before=None) -> list:
 
 
 def in_worker_order(arrays: list) -> np.ndarray:
-    total = arrays[0].astype(np.float64).copy()
+    total = arrays[0].copy()
     for array in arrays[1:]:
         total += array
     return total
 
 
-@pytest.mark.parametrize("count,chunk_bytes", [(2, 1 << 18), (5, 1000), (7, 8)])
-def test_the_chain_sums_in_worker_order_bit_for_bit(monkeypatch, count, chunk_bytes):
+@pytest.mark.parametrize(
+    "count,chunk_bytes,dtype",
+    [(2, 1 << 18, "float64"), (5, 1000, "float64"), (7, 8, "float64"), (5, 1000, "float32")],
+)
+def test_the_chain_sums_in_worker_order_bit_for_bit(monkeypatch, count, chunk_bytes, dtype):
     """Values of very different magnitudes, so that another order of addition gives other
-    bits; many chunks and a short last one."""
+    bits; many chunks and a short last one; summed in the arrays' own dtype (float64 for
+    the parameter servers' rounds, float32 for a collective job's gradients)."""
     monkeypatch.setattr(summing, "CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(count)
-    arrays = [rng.standard_normal((37, 11)) * 10.0 ** rng.integers(-8, 8) for _ in range(count)]
+    arrays = [
+        (rng.standard_normal((37, 11)) * 10.0 ** rng.integers(-8, 8)).astype(dtype)
+        for _ in range(count)
+    ]
     expected = in_worker_order(arrays)
+    assert expected.dtype == dtype
     if count > 2:  # the order shows (two values add alike either way)
         assert not np.array_equal(expected, in_worker_order(arrays[::-1]))
     for result in run_workers(count, arrays):
+        assert result.dtype == dtype
         np.testing.assert_array_equal(result, expected)
 
 

@@ -28,8 +28,8 @@ def test_each_concern_has_its_folder():
     expected = {
         "cluster": {"plan.py", "environment.py", "endpoints.py", "meeting.py"},
         "launchers": {"watcher.py", "processes.py", "slurm.py", "paddle.py", "kubernetes.py"},
-        "modes": {"role.py", "job.py", "local.py", "pserver.py", "collective.py"},
-        "modes/ps": {"exchange.py", "dense.py", "summing.py", "tables.py"},
+        "modes": {"role.py", "job.py", "local.py", "pserver.py", "collective.py", "summing.py"},
+        "modes/ps": {"exchange.py", "dense.py", "tables.py"},
         "observers/mlflow": {"tracking.py", "store.py", "serving.py"},
         "cli": {"command.py", "plugins.py", "worker.py"},
     }

@@ -222,6 +222,11 @@ class ParameterExchange:
     def write(self, values: dict) -> None:
         """Set the servers' parameters to ``values``; return once every server holds them."""
         self.hold(values)
+        self.write_held()
+
+    def write_held(self) -> None:
+        """Set the servers' parameters to those last held; return once every server holds
+        them."""
         for table_id, names in self.tables.items():
             self.runtime._worker.push_dense_params(self.scope, table_id, names)
 
