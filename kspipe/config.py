@@ -39,6 +39,7 @@ def compose(overrides=(), config_dirs=(), schemas=None):
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(explain(err, overrides)) from None
     check_schema_keys(cfg, overrides)
+    check_key_names(cfg, overrides)
     return cfg
 
 
@@ -122,6 +123,33 @@ def check_schema_keys(cfg, overrides: list[str], path: str = "") -> None:
         check_schema_keys(node, overrides, full_key + ".")
 
 
+def check_key_names(cfg, overrides=(), path: str = "") -> None:
+    """Refuse a key named like an attribute of the config object (``items``, ``keys``,
+    ``values``, ``get``, ``pop`` ...): ``cfg.<group>.items`` is then DictConfig's method,
+    not the value, and the code that reads it fails far from the cause.  Values are not
+    resolved (an interpolation may make a folder)."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(cfg, ListConfig):
+        children = [(f"{path.rstrip('.')}[{i}]", cfg._get_node(i)) for i in range(len(cfg))]
+    else:
+        children = [(f"{path}{key}", cfg._get_node(key)) for key in cfg.keys()]
+        # what an instance's attribute finds before a key (not the metaclass's: register)
+        taken = {name for klass in DictConfig.__mro__ for name in vars(klass)}
+        for key in (k for k in cfg.keys() if k in taken):
+            full_key = f"{path}{key}"
+            shown = given(list(overrides), full_key) or full_key
+            raise ConfigError(
+                f"{shown}: {key!r} is the name of a method of the config object (reading "
+                f"{full_key} would give the method, not the value): rename the key"
+            )
+    for full_key, node in children:
+        if isinstance(node, (DictConfig, ListConfig)) and not (
+            node._is_none() or node._is_missing() or node._is_interpolation()
+        ):
+            check_key_names(node, overrides, full_key + ".")
+
+
 def hydra_override(message: str):
     """The override, as typed, that Hydra's ``message`` says it could not apply, else None."""
     lines = message.splitlines()
@@ -146,7 +174,9 @@ def given(overrides: list[str], full_key: str):
 
 
 def validate(cfg) -> None:
-    """Raise :class:`ConfigError` for the first value out of range.
+    """Raise :class:`ConfigError` for the first value out of range, or a key named like a
+    method of the config object (:func:`check_key_names`; :func:`compose` refuses it first,
+    this catches a config that Hydra composed alone).
 
     ``workers`` and ``servers`` are a count or an endpoint list, so no schema type checks
     them: here, in every mode, each must be a whole count of at least 1 or a ``host:port``
@@ -154,5 +184,6 @@ def validate(cfg) -> None:
     """
     from kspipe.cluster.endpoints import parse_endpoints
 
+    check_key_names(cfg)
     for key in ("workers", "servers"):
         parse_endpoints(cfg.get(key), key)

@@ -14,6 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+#: ``${kspipe_min:a,b}``, the smaller of two values: a default that follows another key up
+#: to a bound (``eval.train_tasks``: ``${kspipe_min:${.tasks},20}``, as ``eval.tasks``, at
+#: most 20), which a value given for the key itself replaces.
+MIN_RESOLVER = "kspipe_min"
+
 
 @dataclass
 class CoreConfig:
@@ -89,6 +94,7 @@ def register_schemas(plugins: dict | None = None) -> None:
     from kspipe.job import register_resolver
 
     register_resolver()  # hydra.run.dir's
+    register_min_resolver()
     store = ConfigStore.instance()
     store.store(name="core", node=open_root(CoreConfig))
     for group, schema in (
@@ -101,6 +107,15 @@ def register_schemas(plugins: dict | None = None) -> None:
         store.store(group=group, name=option_name(parts[0]), node=joined(group, parts))
     groups = {name for name in store.list("") if not name.endswith(".yaml")}
     store.store(name="plugins", node=plugin_groups(plugins or {}, groups))
+
+
+def register_min_resolver() -> None:
+    """Make ``${kspipe_min:a,b}`` (:data:`MIN_RESOLVER`) known to OmegaConf: the defaults
+    use it, so every process that reads a composed config registers it first (a job
+    process Hydra's launcher started too, :class:`kspipe.cli.jobs.Jobs`)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver(MIN_RESOLVER, min, replace=True)
 
 
 def builtin_schemas() -> dict:

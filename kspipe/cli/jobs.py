@@ -15,8 +15,8 @@ class Jobs:
 
     :param pm: the plugin manager; None in a job process that Hydra's launcher started
         (submitit's Slurm jobs run :meth:`run` unpickled, without
-        :func:`kspipe.cli.command.main`), which builds its own, and its signal handlers,
-        for its first job.
+        :func:`kspipe.cli.command.main`), which builds its own, its signal handlers and
+        the config's resolvers, for its first job.
     :param swept: the keys the command's sweep varies; a sweep's job is named by its
         values of them (:func:`kspipe.observers.sweep.job_label`).
     """
@@ -38,10 +38,12 @@ class Jobs:
         from kspipe.observers.sweep import JobFailed, job_label
         from kspipe.pipeline import hand_off, prepare, run
         from kspipe.plugin_manager import get_plugin_manager
+        from kspipe.schema import register_min_resolver
 
         if self.pm is None:
             stopping.install()
             self.pm = get_plugin_manager()
+            register_min_resolver()  # the defaults' ${kspipe_min:...}
         hydra_cfg = HydraConfig.get()
         sweep = hydra_cfg.mode == RunMode.MULTIRUN
         job = job_label(hydra_cfg.overrides.task, self.swept) if sweep else None

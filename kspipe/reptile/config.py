@@ -5,6 +5,10 @@ Each dataclass is the schema of its group, which the plugin declares with
 (``train.meta_iter``) or a value of the wrong type (``train.meta_iters=abc``) is refused
 while Hydra composes the config.
 Ranges (``train.meta_batch >= 1`` ...) are the plugin's ``kspipe_check_config``.
+
+The evaluations' other task counts follow ``eval.tasks`` up to a bound
+(``${kspipe_min:...}``, :data:`kspipe.schema.MIN_RESOLVER`): ``eval.tasks=5`` alone makes
+every evaluation of a quick run small, and a value given for one of them replaces its bound.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class EvalConfig:
     """The evaluations: before and after meta-training, and the learning curve between."""
 
     tasks: int = 200  # test tasks of the final (and baseline) evaluation
-    train_tasks: int = 20  # training tasks of the final evaluation (train_accuracy)
+    # training tasks of the final evaluation (train_accuracy): as eval.tasks, at most 20
+    train_tasks: int = "${kspipe_min:${.tasks},20}"
     queries: int = 1  # query images per class
     inner_iters: int = 50  # Adam steps on a test task's support set
     inner_batch: int = 5
@@ -69,4 +74,5 @@ class EvalConfig:
     batch_tasks: int = 10  # test tasks adapted side by side in one program (1: one at a time)
     threads: int = 0  # threads adapting such groups at once (0: the process's cores)
     interval: int = 100  # meta-iterations between learning-curve points (0: none)
-    interval_tasks: int = 10  # tasks per learning-curve point
+    # train and test tasks of each learning-curve point: as eval.tasks, at most 10
+    interval_tasks: int = "${kspipe_min:${.tasks},10}"

@@ -42,6 +42,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
 
     needed = cfg.task.shots + cfg.eval.queries
     learner.dataset.check_task(cfg.task.ways, max(cfg.train.shots, needed), needed)
+    if first:
+        reporter.say(evaluation_sizes(cfg))
     if not cfg.get("evaluate"):
         learner.warm_up()  # beside what follows
     learner.initialize()
@@ -90,6 +92,26 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         )
     reporter.metrics(metrics, cfg.train.meta_iters)
     return metrics
+
+
+def evaluation_sizes(cfg) -> str:
+    """The tasks each evaluation of the run will adapt, said in one line before they cost:
+    ``eval.tasks`` test tasks (the final evaluation's, and the baseline's when the run has
+    one), ``eval.train_tasks`` training tasks, and ``eval.interval_tasks`` of each for every
+    learning-curve point (with ``evaluate=``, test tasks at each earlier checkpoint)."""
+    e = cfg.eval
+    sizes = [f"final {e.tasks} test + {e.train_tasks} train"]
+    if cfg.get("evaluate"):
+        sizes.append(f"learning curve {e.interval_tasks} test at each earlier checkpoint")
+    else:
+        if e.baseline and not cfg.resume:
+            sizes.append(f"baseline {e.tasks}")
+        if e.interval and cfg.train.meta_iters > e.interval:
+            sizes.append(
+                f"learning curve {e.interval_tasks} + {e.interval_tasks} every "
+                f"{e.interval} meta-iterations"
+            )
+    return "tasks per evaluation: " + ", ".join(sizes)
 
 
 def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple[int, int]:

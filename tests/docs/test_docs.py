@@ -169,3 +169,18 @@ def test_the_helpers_the_example_plugins_use_are_in_the_plugin_guide():
                     used.add(f"{module}.{name}")
     assert used, "no helper found in the example plugins"
     assert not used - documented, f"not in docs/plugins.md: {sorted(used - documented)}"
+
+
+def test_the_plugin_guide_gives_the_reporters_methods_with_their_signatures():
+    """``reporter.<method>(<parameters>)`` as :class:`kspipe.contracts.Reporter` declares
+    each, and its ``run_dir``."""
+    from kspipe.contracts import Reporter
+
+    text = PLUGINS_MD.read_text()
+    methods = [name for name in vars(Reporter) if not name.startswith("_")]
+    assert sorted(methods) == ["artifact", "metrics", "progress", "say"]
+    for name in methods:
+        parameters = list(inspect.signature(getattr(Reporter, name)).parameters.values())[1:]
+        span = f"`reporter.{name}({', '.join(written(p) for p in parameters)})`"
+        assert span in text, f"docs/plugins.md should name {span}"
+    assert "`reporter.run_dir`" in text

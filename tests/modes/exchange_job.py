@@ -50,7 +50,7 @@ def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = T
         sync.step(scope)
         record["held"].append(as_lists(read_vars(scope, SHAPES)))
         if (step + 1) % k_steps == 0:  # a round: every worker exchanged; what do servers hold?
-            sync.landed()  # the first worker's write of it, under way meanwhile
+            sync.write_back()  # the first worker writes it to the servers when read
             role.barrier_worker()
             servers = sync.exchange.pull()
             record["servers"].append(as_lists(servers))

@@ -405,3 +405,54 @@ def test_installed_plugins_may_share_a_group_each_with_keys_of_its_own():
         r"their config group \(.*Reader and .*Other\)$",
     ):
         compose_config([], schemas=schemas)
+
+
+def test_a_plugins_key_named_like_a_method_of_the_config_is_one_line():
+    """``cfg.<group>.items`` would be DictConfig's method, not the value: a plugin's schema
+    with such a key, or one given on the command line, is refused while composing."""
+    from dataclasses import dataclass
+
+    from kspipe import hookimpl
+    from kspipe.plugin_manager import plugin_schemas
+    from kspipe.testing import plugin_manager
+
+    @dataclass
+    class Basket:
+        items: int = 3
+        epochs: int = 2
+
+    class Declares:
+        @hookimpl
+        def kspipe_config_schemas(self):
+            return {"basket": Basket}
+
+    schemas = plugin_schemas(plugin_manager(("basket", Declares())))
+    with pytest.raises(ConfigError) as refused:
+        compose_config(["+experiment=omniglot_5way"], schemas=schemas)
+    assert str(refused.value) == (
+        "basket.items: 'items' is the name of a method of the config object (reading "
+        "basket.items would give the method, not the value): rename the key"
+    )
+    for override, key in (
+        ("+shop.keys=1", "shop.keys"),
+        ("+shop={pop: 1}", "shop.pop"),
+        ("+shop.lanes=[{a: 1},{get: 2}]", "shop.lanes[1].get"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            compose_config([override])
+        name = key.rpartition(".")[2]
+        assert str(refused.value) == (
+            f"{override}: {name!r} is the name of a method of the config object (reading "
+            f"{key} would give the method, not the value): rename the key"
+        )
+    assert compose_config(["tracking.register=model"]).tracking.register == "model"
+
+
+def test_the_command_refuses_a_key_named_like_a_method_before_anything_starts(tmp_path):
+    result = run_kspipe("+experiment=omniglot_5way", "+shop.values=1", cwd=tmp_path, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "kspipe: error: +shop.values=1: 'values' is the name of a method of the config "
+        "object (reading shop.values would give the method, not the value): rename the key"
+    ], result.stderr
+    assert list(tmp_path.iterdir()) == []  # no run folder, no MLflow store

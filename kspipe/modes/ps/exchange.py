@@ -28,8 +28,8 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     merges what its queue holds): about one push every two steps on loopback;
   - ``sync``: a round of all workers.  Their changes are summed in worker order
     (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
-    ``theta - sum / workers``, and the first worker writes it to the servers, which
-    confirm it, before the next round.
+    ``theta - sum / workers``.  The servers get it when they are read (a checkpoint,
+    the end): the first worker writes the last round back, and they confirm it.
     Nothing is lost and the same run gives the same parameters, bit for bit;
   - ``geo``: updates stay local; every ``k_steps`` updates, and at every checkpoint, a
     sync round (geo-SGD with rounds that every worker joins: LocalSGD over the servers).
@@ -45,7 +45,6 @@ never by importing it.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 
 import numpy as np
@@ -102,7 +101,7 @@ class StrategyExchange(ParameterSync):
         self.view = None  # async: the parameters this worker went on from (flattened)
         self.held = None  # async: changes not pushed yet, to go with the next push
         self.seconds: dict = {}  # time spent in each part of the exchanges so far
-        self.writing = None  # the first worker's write of the last round, while under way
+        self.unwritten = False  # the first worker: the servers lack the last round
 
     @contextlib.contextmanager
     def timed(self, part: str):
@@ -214,26 +213,22 @@ class StrategyExchange(ParameterSync):
         self.steps = 0
 
     def _write(self, merged: dict) -> None:
-        """The first worker writes the round to the servers on a thread of its own, while
-        the workers go on to the next round (the links' time of the write and of the next
-        sum overlap).  Rounds reach the servers in order: a write starts once the one
-        before it has returned; and whatever reads the servers (:meth:`finish`,
-        :meth:`settle`, :meth:`close`) waits for the last one first (:meth:`landed`).  So no
-        round is ever missing from what is read."""
-        self.landed()
+        """The first worker holds the round, to write to the servers when someone reads
+        them: each round's write of the whole model through worker 0's link cost a sync
+        round a third more time (and Paddle's client holds the interpreter's lock while
+        it writes, so it cannot overlap the next round's sum).  What reads the servers
+        (:meth:`finish`, :meth:`settle` before a checkpoint, :meth:`close`) calls
+        :meth:`write_back` first, so no round is ever missing from what is read."""
         self.exchange.hold(merged)
-        self.writing = Writing(self)
-        self.writing.start()
+        self.unwritten = True
 
-    def landed(self) -> None:
-        """Return once the servers hold every round this worker wrote (a failed write
-        raises here)."""
-        writing, self.writing = self.writing, None
-        if writing is not None:
-            with self.timed("write wait"):
-                writing.join()
-            if writing.failed is not None:
-                raise writing.failed
+    def write_back(self) -> None:
+        """The first worker: write the last round to the servers, if they lack it; return
+        once every server holds it."""
+        if self.unwritten and self.exchange.runtime is not None:
+            with self.timed("write"):
+                self.exchange.write_held()
+        self.unwritten = False
 
     def finish(self, scope) -> None:
         """Send what is still local, wait for every worker, take the final parameters."""
@@ -243,7 +238,7 @@ class StrategyExchange(ParameterSync):
             self._flush()
         elif self.strategy == "geo":  # every worker joins the last round, steps or none
             self._round(scope, read_vars(scope, self.names))
-        self.landed()
+        self.write_back()
         self.role.barrier_worker()
         write_vars(scope, self.exchange.pull())
 
@@ -267,7 +262,7 @@ class StrategyExchange(ParameterSync):
         * geo: a round, whatever ``k_steps`` says, so no worker's local steps are left out
           of the checkpoint.  The uninterrupted run makes the same round at the same
           checkpoint, so a run resumed from it repeats that run exactly;
-        * sync: every round already ended so (once the last one's write has landed).
+        * sync: every round already ended so (the last one written back to the servers).
         """
         if self.exchange.runtime is None:
             return
@@ -277,11 +272,11 @@ class StrategyExchange(ParameterSync):
             write_vars(self.scope, self.exchange.pull())
         elif self.strategy == "geo":  # every worker joins, steps since the last or none
             self._round(self.scope, read_vars(self.scope, self.names))
-        self.landed()  # sync and geo: the servers hold the last round
+        self.write_back()  # sync and geo: the servers hold the last round
 
     def close(self, clean: bool = True) -> None:
         if clean:
-            self.landed()
+            self.write_back()
         if clean and self.exchange.runtime is not None:
             self.role.barrier_worker()  # the first worker stops the servers after the rest
         if self.summing is not None:
@@ -326,19 +321,3 @@ class ExchangingOptimizer:
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         params_grads = self.backward(loss, startup_program, parameter_list, no_grad_set)
         return self.apply_gradients(params_grads), params_grads
-
-
-class Writing(threading.Thread):
-    """The first worker's write of a round (the parameters its exchange holds), on a thread
-    that never keeps the process from ending: a process that fails does not wait for it."""
-
-    def __init__(self, sync: StrategyExchange):
-        super().__init__(name="kspipe-write", daemon=True)
-        self.sync, self.failed = sync, None
-
-    def run(self) -> None:
-        try:
-            with self.sync.timed("write"):
-                self.sync.exchange.write_held()
-        except BaseException as err:  # raised in the worker's thread, by landed()
-            self.failed = err

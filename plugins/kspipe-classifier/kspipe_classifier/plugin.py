@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kspipe import hookimpl
+from kspipe.cluster.endpoints import process_count
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_number
 
@@ -64,7 +65,9 @@ def kspipe_config_schemas():
 
 @hookimpl
 def kspipe_check_config(cfg):
-    """The ranges (the schema checks keys and types)."""
+    """The ranges (the schema checks keys and types), and the batch's split among the
+    workers: the command that starts a cluster job calls this first, so a batch that does
+    not divide stops the job in one line before any process starts."""
     if cfg.stages.program != NAME:
         return
     c = cfg.classifier
@@ -80,6 +83,12 @@ def kspipe_check_config(cfg):
         check_integer(c[key], f"classifier.{key}", minimum)
     check_number(c.learning_rate, "classifier.learning_rate", 0, above=True)
     check_number(c.spread, "classifier.spread", 0, above=True)
+    workers = 1 if cfg.mode == "local" else process_count(cfg.workers, "workers")
+    if c.batch_size % workers:
+        raise ConfigError(
+            f"classifier.batch_size={c.batch_size} must divide among the "
+            f"{workers} workers (each takes an equal slice of every batch)"
+        )
 
 
 # --- dataset ------------------------------------------------------------------------
@@ -162,12 +171,7 @@ def kspipe_compile_program(cfg, role, programs):
 def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     c = cfg.classifier
     workers, index = role.worker_num(), role.worker_index()
-    if c.batch_size % workers:
-        raise ConfigError(
-            f"classifier.batch_size={c.batch_size} must divide among the "
-            f"{workers} workers (each takes an equal slice of every batch)"
-        )
-    share = c.batch_size // workers
+    share = c.batch_size // workers  # whole: kspipe_check_config saw to it
     executor.run(programs.startup, scope=scope)
     role.init_worker(scope)
     batches = len(dataset.train_x) // c.batch_size

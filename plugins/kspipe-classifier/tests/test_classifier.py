@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.testing import plugin_env, run_kspipe
+from kspipe.errors import ConfigError
+from kspipe.testing import assert_one_line_error, compose_config, plugin_env, run_kspipe
 
 PLUGIN = Path(__file__).resolve().parents[1]
 
@@ -121,6 +122,7 @@ def test_plugins_lists_the_workload(installed, tmp_path):
 
 
 def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_path):
+    """Refused by the plugin's kspipe_check_config, before any process of the job starts."""
     result = kspipe(
         installed,
         tmp_path,
@@ -131,9 +133,41 @@ def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_p
         "classifier.batch_size=64",
         f"run_dir={tmp_path / 'run'}",
     )
-    assert result.returncode != 0
-    assert "classifier.batch_size=64 must divide among the 3 workers" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert_one_line_error(result)
+    assert result.stderr.strip().splitlines() == [
+        "kspipe: error: classifier.batch_size=64 must divide among the 3 workers "
+        "(each takes an equal slice of every batch)"
+    ], result.stderr
+    # Hydra's own files only: no job.yaml, no logs/, no process started
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "jobs.log"]
+
+
+@pytest.mark.parametrize(
+    "overrides, workers",
+    [
+        (["mode=collective", "workers=3"], 3),
+        (["mode=pserver", "workers=[127.0.0.1:7001,127.0.0.1:7002]"], 2),
+    ],
+)
+def test_the_batch_split_is_checked_with_the_config(overrides, workers):
+    from kspipe_classifier import plugin
+
+    def check(*given):
+        cfg = compose_config(
+            ["+experiment=blobs", *given],
+            config_dirs=plugin.kspipe_config_dirs(),
+            schemas=plugin.kspipe_config_schemas(),
+        )
+        plugin.kspipe_check_config(cfg=cfg)
+
+    with pytest.raises(ConfigError) as refused:
+        check(*overrides, "classifier.batch_size=65")
+    assert str(refused.value) == (
+        f"classifier.batch_size=65 must divide among the {workers} workers "
+        "(each takes an equal slice of every batch)"
+    )
+    check(*overrides, f"classifier.batch_size={workers * 20}")
+    check("mode=local", "workers=3", "classifier.batch_size=65")  # one process takes it all
 
 
 def test_a_misspelt_key_or_a_wrong_type_is_one_line(installed, tmp_path):
