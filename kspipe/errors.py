@@ -35,6 +35,10 @@ class StorageError(KspipeError):
     """A disk refused a write: full, over its quota, read-only or failing."""
 
 
+class NonFiniteError(KspipeError):
+    """Training went non-finite: a loss or metric a stage reported is NaN or infinite."""
+
+
 #: The errors of a disk that refuses a write: where the job writes is at fault, not the job.
 STORAGE_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO))
 

@@ -49,6 +49,8 @@ class Role:
 
     def __init__(self):
         self._syncs: list = []
+        self._lookups: list = []  # the lookup ops of the tables :meth:`embedding` made
+        self._sparse = True  # whether those tables take sparse gradients (:func:`sparse_safe`)
 
     # --- who am I --------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class Role:
         :param feeding: ``"executor"`` (``exe.run`` steps) or ``"dataset"``
             (``train_from_dataset``).
         """
+        self._gradients_for(optimizer)
         return optimizer
 
     def parameter_sync(self, shapes: dict) -> ParameterSync:
@@ -123,10 +126,27 @@ class Role:
 
     def embedding(self, ids, size, param_attr, feeding: str = "executor"):
         """An embedding table of ``size`` = [rows, width], looked up with ``ids`` (int64, any
-        shape); ``feeding`` as for :meth:`distributed_optimizer`."""
+        shape); ``feeding`` as for :meth:`distributed_optimizer`.  Its gradient is sparse
+        (the rows of a batch) unless the optimiser :meth:`distributed_optimizer` is given
+        cannot update a table from its rows alone (:func:`sparse_safe`): then dense."""
         import paddle
 
-        return paddle.static.nn.embedding(ids, size=size, is_sparse=True, param_attr=param_attr)
+        rows = paddle.static.nn.embedding(
+            ids, size=size, is_sparse=self._sparse, param_attr=param_attr
+        )
+        self._lookups.append(
+            next(op for op in reversed(rows.block.ops) if rows.name in op.output_arg_names)
+        )
+        return rows
+
+    def _gradients_for(self, optimizer) -> None:
+        """Before ``optimizer`` adds the backward pass: the tables :meth:`embedding` made,
+        and makes from now on, get a dense gradient unless ``optimizer`` is
+        :func:`sparse_safe`."""
+        self._sparse = sparse_safe(optimizer)
+        if not self._sparse:
+            for op in self._lookups:
+                op._set_attr("is_sparse", False)
 
     def init_worker(self, scope=None) -> None:
         """After the startup program: meet the other processes; ``scope`` then holds the
@@ -224,6 +244,32 @@ class ParameterSync:
 
     def close(self, clean: bool = True) -> None:
         pass
+
+
+def sparse_safe(optimizer) -> bool:
+    """Whether Paddle 2.6.2's CPU update by ``optimizer`` from a sparse gradient (the rows
+    of one batch) is sound.  For SGD, Momentum, Adagrad, RMSProp and Lamb it is the dense
+    gradient's update, float rounding apart; Adam with ``lazy_mode=True`` updates the
+    batch's rows only (the moments of the other rows wait for their next batch).  Adam's
+    default (``lazy_mode=False``) reads past the end of the gradient's row list once it has
+    passed the batch's last row and, where what it finds there names a later row, updates
+    that row from memory past the gradient's values: NaN and huge moments, differing from
+    one run to the next.  AdamW, Adamax and Adadelta refuse a sparse gradient; no other
+    optimiser is known to take one."""
+    import paddle
+
+    if isinstance(optimizer, paddle.optimizer.Adam):
+        return bool(getattr(optimizer, "_lazy_mode", False))
+    return isinstance(
+        optimizer,
+        (
+            paddle.optimizer.SGD,
+            paddle.optimizer.Momentum,
+            paddle.optimizer.Adagrad,
+            paddle.optimizer.RMSProp,
+            paddle.optimizer.Lamb,
+        ),
+    )
 
 
 def check_reduce_mode(mode: str) -> None:

@@ -142,6 +142,7 @@ class PserverRole(Role):
         return refusal(self.cluster["strategy"], needs)
 
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
+        self._gradients_for(optimizer)  # the tables of ``embedding``, fed by exe.run
         if feeding == "dataset":
             return self._register(FleetTables(self, optimizer, self.resumed))
         return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))

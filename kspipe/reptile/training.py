@@ -137,7 +137,9 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
                     * workers
                     / max(time.perf_counter() - started, 1e-9)
                 )
-                shown.update({"loss": float(np.mean(losses[-20:])), "tasks/s": rate})
+                if cfg.train.inner_iters:  # without inner steps there is no loss (NaN)
+                    shown["loss"] = float(np.mean(losses[-20:]))
+                shown["tasks/s"] = rate
                 reporter.progress("meta-train", min(done, total), total, shown)
                 if (
                     first
@@ -175,14 +177,10 @@ def curve_point(learner: ReptileLearner, done: int, losses: list, shown: dict) -
         ]
     )
     shown["test acc"] = test_acc  # on the progress line from now on
-    learner.reporter.metrics(
-        {
-            "curve/train_accuracy": train_acc,
-            "curve/test_accuracy": test_acc,
-            "meta_loss": float(np.mean(losses[-cfg.eval.interval :])),
-        },
-        done,
-    )
+    point = {"curve/train_accuracy": train_acc, "curve/test_accuracy": test_acc}
+    if cfg.train.inner_iters:  # without inner steps there is no loss (NaN)
+        point["meta_loss"] = float(np.mean(losses[-cfg.eval.interval :]))
+    learner.reporter.metrics(point, done)
 
 
 def crossed(done: int, last_done: int, every: int) -> bool:

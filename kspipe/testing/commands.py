@@ -22,8 +22,10 @@ def install_plugin(site: Path, package: Path, entry_point: str, version: str = "
 
 
 def plugin_env(site: Path) -> dict:
-    """The environment of a ``kspipe`` command that loads the plugins installed in ``site``."""
-    env = dict(os.environ, PYTHONPATH=str(site))
+    """The environment of a ``kspipe`` command that loads the plugins installed in ``site``
+    (before the folders a ``PYTHONPATH`` already names, such as a checkout's)."""
+    given = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *([given] if given else [])]))
     env.pop("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", None)
     return env
 

@@ -1,10 +1,14 @@
 """Bag-of-ids regression: the target is the mean of a hidden weight per id, plus noise.
 
 The model looks the ids up in a table made by ``role.embedding``, averages the rows and
-maps them to one output; SGD is made distributed with ``role.distributed_optimizer`` and
-every step is one ``exe.run``.  ``bags.ids`` picks the ids' shape.  The run writes its
-parameters to ``<run_dir>/params.npz`` for the tests to compare, and its model as OpenKS's
-``save_persistables`` does (``<run_dir>/persistables.pd*``), which ``init_from=`` reads.
+maps them to one output; SGD (or Adam with Paddle's defaults: ``bags.optimizer``) is made
+distributed with ``role.distributed_optimizer`` and every step is one ``exe.run``, whose
+loss goes to the progress line.  ``bags.ids`` picks the ids' shape, ``bags.zipf`` how
+often each id comes (a few often, most rarely).  ``bags.nan_from`` gives one worker NaN
+targets from a step on, so its loss goes NaN there.  The run writes its parameters to
+``<run_dir>/params.npz`` for the tests to compare, and its model as OpenKS's
+``save_persistables`` does (``<run_dir>/persistables.pd*``: the optimiser's state in
+``.pdopt``), which ``init_from=`` reads.
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ class BagsConfig:
     test_points: int = 1024
     batch_size: int = 64  # the global batch: each worker takes its slice of it
     epochs: int = 4
-    learning_rate: float = 0.5  # SGD
+    learning_rate: float = 0.5
+    optimizer: str = "sgd"  # sgd, or adam: paddle.optimizer.Adam with its defaults
+    zipf: float = 0.0  # ids drawn from a Zipf law of this exponent (shifted to 0); 0: uniform
+    nan_from: int = 0  # from this step on, worker nan_worker's targets are NaN; 0: never
+    nan_worker: int = 0
     seed: int = 0
 
 
@@ -72,7 +80,10 @@ def kspipe_read_dataset(cfg, role):
     hidden = rng.normal(0.0, 1.0, c.vocabulary)
 
     def points(n):
-        ids = rng.integers(0, c.vocabulary, (n, c.words))
+        if c.zipf:
+            ids = (rng.zipf(c.zipf, (n, c.words)) - 1) % c.vocabulary
+        else:
+            ids = rng.integers(0, c.vocabulary, (n, c.words))
         if c.ids == "single":
             lengths = np.ones(n, np.int64)
         elif c.ids == "sequence":
@@ -133,7 +144,11 @@ def kspipe_compile_program(cfg, role, programs):
         paddle.utils.unique_name.guard(),
         paddle.static.program_guard(programs.main, programs.startup),
     ):
-        optimizer = paddle.optimizer.SGD(learning_rate=float(cfg.bags.learning_rate))
+        rate = float(cfg.bags.learning_rate)
+        if cfg.bags.optimizer == "adam":
+            optimizer = paddle.optimizer.Adam(learning_rate=rate)
+        else:
+            optimizer = paddle.optimizer.SGD(learning_rate=rate)
         role.distributed_optimizer(optimizer).minimize(programs.loss)
     return programs
 
@@ -172,9 +187,15 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             rows = order[b * c.batch_size : (b + 1) * c.batch_size][
                 index * share : (index + 1) * share
             ]
-            executor.run(programs.main, scope=scope, feed=feed(cfg, dataset.train, rows))
+            step = epoch * batches + b + 1
+            given = feed(cfg, dataset.train, rows)
+            if c.nan_from and step >= c.nan_from and index == c.nan_worker:
+                given["y"] = np.full_like(given["y"], np.nan)
+            (loss,) = executor.run(
+                programs.main, scope=scope, feed=given, fetch_list=[programs.loss]
+            )
             seen += len(rows)
-            reporter.progress("train", epoch * batches + b + 1, c.epochs * batches, {})
+            reporter.progress("train", step, c.epochs * batches, {"loss": float(np.mean(loss))})
     seconds = time.perf_counter() - started
     role.finish_training(scope)
     metrics = {"samples_per_s": float(sum(role.all_gather(seen / seconds)))}
