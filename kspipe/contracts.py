@@ -199,3 +199,27 @@ class Workload:
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What a data set says of itself in the run's record: the run's input in MLflow (the
+    runs table's dataset column).  The object ``kspipe_read_dataset`` returns carries it as
+    its attribute ``training_data``; a data set without one is not recorded.
+
+    :param name: shown in the runs table (``omniglot``, ``kanjivg-embedded``).
+    :param source: where it comes from: a folder, a file, a URL, a package and its version.
+    :param files: the files read (train, validation and test, every worker's); the digest
+        is their contents' (:func:`kspipe.files.files_digest`, worked out by the recorder
+        process, not the job's), so two runs on the same files show the same digest
+        wherever the files are.
+    :param digest: the digest itself, for data read from no files (a generated set: hash
+        its arrays, or its seed and sizes); given, ``files`` are not read for it.
+    :param profile: a few counts shown with it (``{"classes": 964, "images": 19280}``).
+    """
+
+    name: str
+    source: str
+    files: tuple = ()
+    digest: str = ""
+    profile: dict = field(default_factory=dict)

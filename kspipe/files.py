@@ -62,3 +62,24 @@ def atomic_build(final: Path | str, build, done_marker: str) -> Path:
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return final
+
+
+def files_digest(paths) -> str:
+    """The digest of the files ``paths`` (8 hex digits of a SHA-256, as MLflow's own data
+    sets have): their contents and their names relative to the folder they share, in
+    order of name, so the same files give the same digest wherever they are."""
+    import hashlib
+
+    paths = sorted({os.path.abspath(p) for p in paths})
+    if not paths:
+        return hashlib.sha256(b"").hexdigest()[:8]
+    common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(os.path.relpath(path, common).encode() + b"\0")
+        content = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                content.update(block)
+        digest.update(content.digest())
+    return digest.hexdigest()[:8]

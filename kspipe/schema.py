@@ -73,6 +73,11 @@ class TrackingConfig:
     run_name: Optional[str] = None
     model: bool = True  # log the run's inference model as an MLflow model (a pyfunc)
     register: Optional[str] = None  # also register the run's MLflow model under this name
+    alias: Optional[str] = None  # with register: that version is models:/<register>@<alias>
+    # each process's CPU, memory and network in the run (system/worker0/...), sampled by
+    # its recorder process every system_metrics_interval seconds
+    system_metrics: bool = True
+    system_metrics_interval: float = 10.0
     # the MLflow run a cluster job's processes record into: the command that starts them
     # sets it in their job.yaml (its first worker records there)
     run_id: Optional[str] = None

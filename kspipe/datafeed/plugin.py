@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from kspipe import hookimpl
+from kspipe.contracts import TrainingData
 from kspipe.datafeed import generated
 from kspipe.datafeed.config import DatafeedConfig
 from kspipe.datafeed.desc import DataFeedDesc
@@ -38,6 +39,7 @@ class FileDataset:
     test_counts: FileCounts | None = None
     threads: int = 1
     kind: str = "queue"
+    training_data: TrainingData | None = None  # the run's input in its MLflow record
 
     @property
     def batch_size(self) -> int:
@@ -103,6 +105,7 @@ def kspipe_read_dataset(cfg, role):
     if role.is_server():  # servers need the slots' shapes only
         return dataset
     check_files_per_worker(len(train), role.worker_num())
+    dataset.training_data = training_data(built, desc.path, train, test)
     dataset.train_files = role.split_files(train)
     dataset.test_files = test
     if d.validate:
@@ -116,6 +119,16 @@ def kspipe_read_dataset(cfg, role):
         dataset.test_counts = scan_files(test, desc, check=d.validate, label=label)
     dataset.threads = reader_threads(d.threads, len(dataset.train_files))
     return dataset
+
+
+def training_data(built: str | None, desc: str, train: list, test: list) -> TrainingData:
+    """Every worker's training files, the test files and the desc, named by the folder
+    they share (the generated set: ``ctr-generated``)."""
+    files = (desc, *train, *test)
+    source = os.path.commonpath([os.path.dirname(p) for p in files])
+    name = "ctr-generated" if built else os.path.basename(source)
+    profile = {"train_files": len(train), "test_files": len(test)}
+    return TrainingData(name, source, tuple(files), profile=profile)
 
 
 def check_label(desc: DataFeedDesc, name: str) -> str:

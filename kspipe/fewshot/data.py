@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from kspipe.contracts import TrainingData
 from kspipe.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -228,6 +229,7 @@ class FewShotDataset:
     test: list
     image_shape: tuple  # (H, W, C)
     root: str = ""
+    training_data: TrainingData | None = None  # the run's input in its MLflow record
 
     def check_task(self, ways: int, train_images: int, test_images: int) -> None:
         """Fail clearly unless each split gives ``ways`` classes of enough images."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 
 from kspipe import hookimpl
+from kspipe.contracts import TrainingData
 from kspipe.errors import ConfigError, DataError
 from kspipe.fewshot import kanji
 from kspipe.fewshot.config import DatasetConfig
@@ -84,6 +86,25 @@ def kspipe_read_dataset(cfg, role):
         test=test,
         image_shape=(size, size, channels),
         root=root,
+        training_data=training_data(data, root, size, (*train, *val, *test)),
+    )
+
+
+def training_data(data, root: str, size: int, classes) -> TrainingData:
+    """The images read (a class rotated is its folder read again), named by their folder;
+    the embedded set names itself, its package's version and its settings."""
+    folders = {c.dir_path: c.names for c in classes}
+    files = tuple(os.path.join(folder, n) for folder, names in folders.items() for n in names)
+    profile = {"classes": len(folders), "images": len(files)}
+    if data.root is not None:
+        return TrainingData(os.path.basename(root.rstrip(os.sep)), root, files, profile=profile)
+    e = data.embedded
+    return TrainingData(
+        "kanjivg-embedded",
+        f"kanjivg {metadata.version('kanjivg')} (Python package): {e.characters} characters x "
+        f"{e.drawers} drawers, seed {e.seed}, {size} px",
+        files,
+        profile=profile,
     )
 
 

@@ -63,10 +63,12 @@ class Server:
 
 @contextlib.contextmanager
 def model_server(store: str, run_id: str, cwd: Path):
-    """``mlflow models serve`` of the run's model ``model`` in the MLflow store ``store``,
-    started for the block (a :class:`Server`: call ``ready()``) and stopped after it."""
+    """``mlflow models serve`` of the run's model ``model`` in the MLflow store ``store``
+    (``run_id``: a run's id, or a model's URI such as ``models:/<name>@<alias>``), started
+    for the block (a :class:`Server`: call ``ready()``) and stopped after it."""
+    model = run_id if ":/" in run_id else f"runs:/{run_id}/model"
     server = Server(
-        ["models", "serve", "-m", f"runs:/{run_id}/model", "--env-manager", "local"],
+        ["models", "serve", "-m", model, "--env-manager", "local"],
         "/ping",
         cwd,
         dict(os.environ, MLFLOW_TRACKING_URI=store),

@@ -1,22 +1,18 @@
 """A hyperparameter search (hydra-optuna-sweeper): trials as child runs of one parent that
-names the best; the best trial's model served as few-shot inference; the MLflow UI's runs
-page, in a real headless browser, shows the search's runs."""
+names the best, each with the data it trained on and its system metrics; the best trial's
+model served as few-shot inference; the MLflow UI, in a real headless browser, shows the
+search's runs, their data set and a run's system metrics."""
 
-import contextlib
 import json
-import os
-import shutil
-import subprocess
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
+from kspipe.files import files_digest
 from kspipe.testing import Server, invoke, model_server, run_kspipe, tiny_overrides
-from tests.kit import a_test_task, chromium_missing, reference_adaptation
+from tests.kit import a_test_task, chromium_missing, page_text, reference_adaptation
 
 SEARCH = [
     "hydra/sweeper=optuna",
@@ -60,7 +56,7 @@ def search(tmp_path_factory, tiny_data):
 def ui(search):
     """`mlflow server` on the search's store, started in the background as soon as the
     search is done (the tests before the browser's run meanwhile); none without chromium."""
-    if CHROMIUM is None:
+    if chromium_missing() is not None:
         yield None
         return
     tmp = search[0]
@@ -104,6 +100,25 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
     assert OmegaConf.load(results).best_value == max(  # optuna maximised the headline
         c.data.metrics["test_accuracy"] for c in children
     )
+
+
+def test_each_trial_records_the_data_it_trained_on_and_its_system_metrics(search, tiny_data):
+    """Three runs on the same files show one digest, the images' they read; each run's
+    process logs its CPU, memory and network (a run of one process: no node id)."""
+    _, _, _, _, children = search
+    images = sorted(str(p) for p in tiny_data.glob("images_*/*/*/*.png"))
+    assert len(images) == 30 * 6
+    for child in children:
+        (data,) = child.inputs.dataset_inputs
+        assert (data.dataset.name, data.dataset.digest) == (tiny_data.name, files_digest(images))
+        assert json.loads(data.dataset.source) == {"uri": str(tiny_data)}
+        assert json.loads(data.dataset.profile) == {"classes": 30, "images": 180}
+        assert {t.key: t.value for t in data.tags} == {"mlflow.data.context": "training"}
+        metrics = child.data.metrics
+        assert 0 < metrics["system/cpu_utilization_percentage"] <= 100
+        assert metrics["system/process_memory_usage_megabytes"] > 100  # Paddle's process
+        assert metrics["system/network_receive_megabytes"] >= 0
+        assert 0 < metrics["system/system_memory_usage_percentage"] <= 100
 
 
 @pytest.mark.parametrize(
@@ -169,80 +184,6 @@ def test_the_best_trials_model_serves_few_shot_inference(search):
     )
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def page_text(url: str, wanted: list[str], profile: Path, timeout: float = 120) -> str:
-    """The text of ``url`` in headless Chromium once it shows every string of ``wanted``
-    (or at ``timeout``), read over the DevTools protocol on a pipe (fds 3 and 4)."""
-    commands, replies = os.pipe(), os.pipe()
-
-    def as_fds_3_and_4():
-        os.dup2(commands[0], 3)
-        os.dup2(replies[1], 4)
-
-    browser = subprocess.Popen(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={profile}",
-            "--remote-debugging-pipe",
-            "about:blank",
-        ],
-        pass_fds=(3, 4, commands[0], replies[1]),
-        preexec_fn=as_fds_3_and_4,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(commands[0])
-    os.close(replies[1])
-    received, numbers = b"", iter(range(1, 1 << 30))
-
-    def call(method, session=None, **params):
-        nonlocal received
-        message = {"id": next(numbers), "method": method, "params": params}
-        if session:
-            message["sessionId"] = session
-        os.write(commands[1], json.dumps(message).encode() + b"\0")
-        while True:  # replies and events, each ended by a NUL byte
-            while b"\0" not in received:
-                chunk = os.read(replies[0], 1 << 16)
-                assert chunk, "chromium closed its DevTools pipe"
-                received += chunk
-            raw, received = received.split(b"\0", 1)
-            reply = json.loads(raw)
-            if reply.get("id") == message["id"]:
-                assert "error" not in reply, reply["error"]
-                return reply["result"]
-
-    script = "document.title + '\\n' + (document.body ? document.body.innerText : '')"
-    try:
-        target = call("Target.createTarget", url="about:blank")["targetId"]
-        session = call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        call("Page.navigate", session, url=url)
-        deadline = time.monotonic() + timeout
-        while True:
-            text = call("Runtime.evaluate", session, expression=script, returnByValue=True)[
-                "result"
-            ].get("value", "")
-            if all(w in text for w in wanted) or time.monotonic() > deadline:
-                return text
-            time.sleep(0.5)
-    finally:
-        with contextlib.suppress(OSError, AssertionError):
-            call("Browser.close")
-        os.close(commands[1])
-        os.close(replies[0])
-        try:
-            browser.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            browser.kill()
-            browser.wait(timeout=30)
-
-
 @pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 def test_the_runs_page_shows_the_search_in_a_headless_browser(search, ui):
     tmp, result, _, parent, children = search
@@ -256,3 +197,10 @@ def test_the_runs_page_shows_the_search_in_a_headless_browser(search, ui):
     assert text.startswith(f"Runs - Experiment {parent.info.experiment_id} - MLflow")
     for name in names:  # sorted by the headline, the trials are not folded under the parent
         assert name in text, name
+    (data,) = children[0].inputs.dataset_inputs  # the dataset column
+    assert text.count(f"{data.dataset.name} ({data.dataset.digest})") == len(children)
+    run = f"{page.split('?')[0].split('/#/')[1]}/{children[0].info.run_id}/system-metrics"
+    charts = ["System metrics", "cpu_utilization_percentage", "network_receive_megabytes"]
+    text = page_text(f"{ui.ready()}/#/{run}", charts, tmp / "chromium")
+    for chart in charts:
+        assert chart in text, chart

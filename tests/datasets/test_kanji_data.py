@@ -7,6 +7,7 @@ import pytest
 
 from kspipe.fewshot import kanji as kanji_data
 from kspipe.fewshot.data import read_omniglot
+from kspipe.files import files_digest
 
 
 def test_parse_strokes_follows_the_pen():
@@ -94,3 +95,39 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
             characters=3, drawers=2, seed=0, cache_dir=str(tmp_path), say=lambda m: None
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_embedded_set_names_itself_in_the_runs_record(tmp_path):
+    """Its name, its package's version and settings as its source, and the digest of the
+    images read: their names (relative to the set's folder) and contents."""
+    from importlib import metadata
+
+    from kspipe.fewshot.plugin import kspipe_read_dataset
+    from kspipe.role import Role
+    from kspipe.testing import compose_config
+
+    embedded = ["dataset.embedded.characters=6", "dataset.embedded.drawers=3"]
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            *embedded,
+            f"dataset.embedded.cache_dir={tmp_path}",
+            "dataset.train_characters=4",
+        ]
+    )
+    described = kspipe_read_dataset(cfg=cfg, role=Role()).training_data
+    (root,) = tmp_path.glob("kanjivg-*")
+    images = sorted(root.glob("images_*/*/*/*.png"))
+    assert len(images) == 6 * 3
+    assert described.name == "kanjivg-embedded"
+    assert described.source == (
+        f"kanjivg {metadata.version('kanjivg')} (Python package): 6 characters x 3 drawers, "
+        f"seed 0, 28 px"
+    )
+    assert sorted(described.files) == [str(p) for p in images]
+    assert described.profile == {"classes": 6, "images": 18}
+    digest = hashlib.sha256()
+    for path in images:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    assert files_digest(described.files) == digest.hexdigest()[:8]

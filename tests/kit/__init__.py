@@ -9,10 +9,12 @@
 * :mod:`tests.kit.slurm`: a Slurm cluster on loopback;
 * :mod:`tests.kit.disks`: a disk that fills, one that is read-only (root only);
 * :mod:`tests.kit.setups`: which of Slurm, Chromium and mountable disks must work on this
-  machine, and why one is missing.
+  machine, and why one is missing;
+* :mod:`tests.kit.browser`: the text a page shows in a headless Chromium.
 """
 
 from tests.kit.adaptation import a_test_task, reference_adaptation
+from tests.kit.browser import page_text
 from tests.kit.disks import disk_size, fill, mounts_missing, read_only, resize, small_disk
 from tests.kit.jobs import (
     CTR_LINES,
@@ -28,6 +30,7 @@ from tests.kit.setups import chromium_missing, missing_here, must_work_here
 from tests.kit.slurm import local_slurm, slurm_missing, stop_daemon
 
 __all__ = [
+    "page_text",
     "SCHEDULED_JOB",
     "SCHEDULED_COLLECTIVE",
     "scheduled_overrides",

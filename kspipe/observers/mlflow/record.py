@@ -4,7 +4,8 @@ into the MLflow store, one request at a time, in the order the job's process mak
 
 It imports MLflow while it waits for its first request, and ignores SIGINT and SIGTERM: the
 job's process decides how the run ends and says so.  When the pipe closes before the run
-has ended (the job's process died, even by SIGKILL), the run it made ends FAILED.  A
+has ended (the job's process died, even by SIGKILL), the run it made ends FAILED.  It
+samples the job's process (:mod:`~kspipe.observers.mlflow.system`) and logs its data set.  A
 tracking server that stops answering, or a store whose disk refuses a write, is said once;
 meanwhile metrics and artifacts are dropped (:meth:`Record.call`).
 """
@@ -39,6 +40,7 @@ class Record:
         self.owner = False
         self.ended = False
         self.curve: dict[str, list] = {}
+        self.sampler = None  # the job's process's system metrics, while it runs
 
     def prepare(self, uri: str) -> None:
         """Import what a store at ``uri`` needs, before the run is opened there."""
@@ -63,14 +65,14 @@ class Record:
         self.experiment = self.client.get_run(run_id).info.experiment_id
         return run_id, self.experiment
 
-    def create(self, experiment, run_name, tags, params, config_path, register, source):
+    def create(self, experiment, run_name, tags, params, config_path, register, alias, source):
         from kspipe.observers.mlflow.store import experiment_id
         from mlflow.entities import Param
 
         if register:
             from kspipe.observers.mlflow import serving
 
-            serving.check_registry_name(self.client, register)
+            serving.check_registry_name(self.client, register, alias)
         if source:
             found = source_run_id(self.client, source)
             if found:
@@ -177,6 +179,30 @@ class Record:
             )
         return self.plot or None
 
+    def system_metrics(self, pid: int, node_id: str | None, interval: float) -> None:
+        """Sample the job's process ``pid`` into the run until it ends."""
+        if self.run_id is not None:  # else the store never opened: the job says why
+            from kspipe.observers.mlflow.system import Sampler
+
+            self.sampler = Sampler(self.uri, self.run_id, pid, node_id, interval)
+            self.sampler.start()
+
+    def stop_sampling(self) -> None:
+        """The job's process's last interval logged, and its sampling stopped."""
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            try:
+                sampler.finish()
+            except Exception as err:  # the run's end goes on
+                say(f"the run's last system metrics were not recorded: {first_line(err)}")
+
+    def dataset(self, data: dict) -> None:
+        """The run's input: a :class:`kspipe.contracts.TrainingData` as a dict."""
+        from kspipe.observers.mlflow.dataset import log_dataset
+
+        if self.run_id is not None:
+            log_dataset(self.client, self.run_id, **data)
+
     def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
         from mlflow.entities import Metric
 
@@ -196,6 +222,7 @@ class Record:
         run's end, as its owner; the first worker of a cluster logs the curve only.
         Returns a line to say, if the model could not be logged."""
         note = None
+        self.stop_sampling()
         plot = self.draw(run_dir, headline)
         if plot:
             self.client.log_artifact(self.run_id, plot)
@@ -217,6 +244,7 @@ class Record:
 
     def abandoned(self) -> None:
         """The job's process is gone without ending the run: it failed."""
+        self.stop_sampling()
         if self.owner and not self.ended:
             self.end("FAILED")
 
@@ -246,7 +274,9 @@ def source_run_id(client, path: str) -> str | None:
     return found[0].info.run_id if found else None
 
 
-def log_model(uri: str, run_id: str, run_dir: str, serving: str, register) -> str | None:
+def log_model(
+    uri: str, run_id: str, run_dir: str, serving: str, register, alias=None
+) -> str | None:
     """The run's MLflow model (:func:`kspipe.observers.mlflow.serving.log_model`), with Paddle's
     signal handlers taken off again (its import installs them); the line to say if a
     model could not be logged (a refused registration is the run's failure)."""
@@ -257,7 +287,7 @@ def log_model(uri: str, run_id: str, run_dir: str, serving: str, register) -> st
     paddle.disable_signal_handler()
     ignore_stop_signals()
     try:
-        pyfunc.log_model(uri, run_id, run_dir, serving, register)
+        pyfunc.log_model(uri, run_id, run_dir, serving, register, alias)
     except KspipeError:
         raise
     except Exception as err:

@@ -65,11 +65,17 @@ def predictor_class(serving: str):
 
 
 def log_model(
-    uri: str, run_id: str, run_dir: str, serving: str, register: str | None = None
+    uri: str,
+    run_id: str,
+    run_dir: str,
+    serving: str,
+    register: str | None = None,
+    alias: str | None = None,
 ) -> str:
     """Log the run folder's inference model as the pyfunc ``model`` of ``run_id``, with a
-    signature and an input example, and register it as ``register`` if set; return the
-    model's URI.  A name the registry refuses raises :class:`ConfigError`."""
+    signature and an input example, and register it as ``register`` if set, that version
+    then ``models:/<register>@<alias>`` with ``alias``; return the model's URI.  A name the
+    registry refuses raises :class:`ConfigError`."""
     from mlflow.models import infer_signature
 
     cls = predictor_class(serving)
@@ -94,7 +100,11 @@ def log_model(
     if register:
         try:
             with fluent_store(uri):
-                mlflow.register_model(info.model_uri, register)
+                version = mlflow.register_model(info.model_uri, register)
+            if alias:  # the alias moves to this version from any other
+                mlflow.MlflowClient(uri).set_registered_model_alias(
+                    register, alias, version.version
+                )
         except MlflowException as err:
             raise registry_error(register, err) from err
     return f"runs:/{run_id}/{MODEL_NAME}"
@@ -173,13 +183,27 @@ def requirements() -> list[str]:
     return [f"kspipe=={version('kspipe')}"]
 
 
-def check_registry_name(client, name: str) -> None:
-    """Raise :class:`ConfigError` now, before a run starts, for a name the registry refuses."""
+def check_registry_name(client, name: str, alias: str | None = None) -> None:
+    """Raise :class:`ConfigError` now, before a run starts, for a name (or an alias) the
+    registry refuses."""
+    from mlflow.utils.validation import (
+        _validate_model_alias_name,
+        _validate_model_alias_name_reserved,
+    )
+
     try:
         client.get_registered_model(name)
     except MlflowException as err:
         if err.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise registry_error(name, err) from err
+    if alias:
+        try:
+            _validate_model_alias_name(alias)
+            _validate_model_alias_name_reserved(alias)
+        except MlflowException as err:
+            raise ConfigError(
+                f"tracking.alias={alias}: the MLflow model registry refuses it: {first_line(err)}"
+            ) from err
 
 
 def registry_error(name: str, err: MlflowException) -> ConfigError:

@@ -5,7 +5,13 @@ name and metrics as tags (:mod:`kspipe.observers.mlflow.tags`), every metric the
 the resolved config, the inference model and a learning-curve PNG of the ``curve/*``
 series (:mod:`kspipe.observers.plots`) as artifacts, the inference model as the MLflow
 model ``model`` (:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
-set), and ends FINISHED, FAILED or KILLED.  Its last line names the command that opens the
+set, that version given the alias ``tracking.alias``), the data set it trained on as its
+input (the dataset stage's ``training_data``, :class:`kspipe.contracts.TrainingData`), and
+ends FINISHED, FAILED or KILLED.  Unless ``tracking.system_metrics=false``, every process
+that plays a part in the job (the one of a local run; each worker and server of a cluster,
+as ``worker0``, ``server1``...) has its recorder sample its CPU, memory and network into the
+run every ``tracking.system_metrics_interval`` seconds
+(:mod:`kspipe.observers.mlflow.system`).  Its last line names the command that opens the
 runs page of the experiment (:func:`kspipe.observers.mlflow.store.runs_page`).
 
 The record is written by a process of its own (:mod:`kspipe.observers.mlflow.recorder`), so the
@@ -16,6 +22,7 @@ a child of its sweep's parent run
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -23,7 +30,7 @@ from omegaconf import open_dict
 
 from kspipe import hookimpl
 from kspipe.contracts import Workload
-from kspipe.errors import ConfigError, first_line
+from kspipe.errors import ConfigError, check_number, first_line
 from kspipe.observers.mlflow.recorder import Recorder
 from kspipe.observers.mlflow.store import runs_page, tracking_uri
 from kspipe.observers.mlflow.sweep_runs import parent_run_id
@@ -46,6 +53,14 @@ def flatten(tree, prefix: str = "") -> dict:
     return out
 
 
+def node_id(role) -> str | None:
+    """The name of a process's system metrics in its run: none for the one process of a
+    local run, else its role and index (``worker0``, ``server1``)."""
+    if role.mode == "local":
+        return None
+    return f"server{role.server_index()}" if role.is_server() else f"worker{role.worker_index()}"
+
+
 class MlflowTracker:
     """The tracking plugin; one instance per plugin manager.  The run's workload comes
     with ``kspipe_run_start``, as the pipeline described it once for the run.
@@ -53,22 +68,41 @@ class MlflowTracker:
     The record is written by a :class:`~kspipe.observers.mlflow.recorder.Recorder` process, opened
     beside the dataset and program stages: the execute stage waits for it (a store that
     cannot be opened stops the job there, before training), a cluster job at once (its
-    processes inherit the run's id)."""
+    processes inherit the run's id).  The first worker records the run (``records``); a
+    cluster's other processes have a recorder that only samples their system metrics, which
+    never stops or holds up their part in the job."""
 
     def __init__(self):
         self.recorder: Recorder | None = None
         self.run_id = None
         self.experiment = None
         self.owner = False
+        self.records = False  # this process records the run (else it only samples itself)
         self.workload: Workload | None = None
+
+    @hookimpl
+    def kspipe_check_config(self, cfg):
+        t = cfg.tracking
+        if not t.enabled:
+            return
+        check_number(t.system_metrics_interval, "tracking.system_metrics_interval", 0, True)
+        if t.get("alias") and not t.get("register"):
+            raise ConfigError(
+                f"tracking.alias={t.alias} names the model version tracking.register "
+                f"registers: set tracking.register=<name> too"
+            )
 
     @hookimpl
     def kspipe_run_start(self, cfg, role, run_dir, workload):
         self.workload = workload
-        if not cfg.tracking.enabled or not role.is_first_worker():
+        if not cfg.tracking.enabled:
             return
         given = cfg.tracking.get("run_id")  # the command that started this process made it
-        self.owner = not given or role.is_cluster_job
+        samples = cfg.tracking.system_metrics and not role.is_cluster_job
+        self.records = role.is_first_worker()
+        if not self.records and not (samples and given):
+            return
+        self.owner = self.records and (not given or role.is_cluster_job)
         create = self.new_run(cfg, run_dir) if self.owner else None
         self.recorder = Recorder.take()
         self.recorder.ask(
@@ -78,6 +112,9 @@ class MlflowTracker:
             None if self.owner else given,
             create,
         )
+        if samples:
+            interval = float(cfg.tracking.system_metrics_interval)
+            self.request("system_metrics", os.getpid(), node_id(role), interval)
         if role.is_cluster_job:
             self.opened()
             with open_dict(cfg):  # the job's processes read it from their job.yaml
@@ -105,6 +142,7 @@ class MlflowTracker:
             "params": [(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(resolved).items()],
             "config_path": config_path,
             "register": cfg.tracking.get("register"),
+            "alias": cfg.tracking.get("alias"),
             "source": cfg.get("evaluate") or cfg.get("init_from"),
         }
 
@@ -114,25 +152,37 @@ class MlflowTracker:
             try:
                 self.run_id, self.experiment = self.recorder.answer()
             except (EOFError, OSError) as err:  # the recorder died: the job goes on
-                say(f"the run is not recorded in MLflow ({first_line(err)})")
+                if self.records:
+                    say(f"the run is not recorded in MLflow ({first_line(err)})")
                 self.close()
-            except BaseException:
+            except BaseException as err:
                 self.close()
-                raise
+                if self.records or not isinstance(err, Exception):
+                    raise  # else the first worker says it
 
     @hookimpl
     def kspipe_before_stage(self, stage, cfg):
-        if stage == "execute":
+        if stage == "execute" and self.records:
             self.opened()
 
     @hookimpl
+    def kspipe_after_stage(self, stage, cfg, result):
+        data = getattr(result, "training_data", None) if stage == "dataset" else None
+        if data is not None and self.records:
+            self.request("dataset", dataclasses.asdict(data))
+
+    @hookimpl
     def kspipe_log_metrics(self, metrics, step):
+        if not self.records:
+            return
         self.request(
             "metrics", {k: float(v) for k, v in metrics.items()}, step, int(time.time() * 1000)
         )
 
     @hookimpl
     def kspipe_log_artifact(self, path, artifact_path):
+        if not self.records:
+            return
         self.request("artifact", os.path.abspath(path), artifact_path or None)
 
     def request(self, name: str, *args) -> None:
@@ -141,16 +191,20 @@ class MlflowTracker:
         try:
             self.recorder.send(name, *args)
         except OSError as err:  # the recorder died: the job goes on
-            say(
-                f"the run's MLflow record stops here (its recorder process ended: "
-                f"{first_line(err)})"
-            )
+            if self.records:
+                say(
+                    f"the run's MLflow record stops here (its recorder process ended: "
+                    f"{first_line(err)})"
+                )
             self.close()
 
     @hookimpl
     def kspipe_run_end(self, cfg, metrics, run_dir):
         self.opened()
         if self.recorder is None:
+            return
+        if not self.records:  # its sampling ends
+            self.finish("FINISHED")
             return
         model = self.model(cfg, run_dir) if self.owner else None
         note = self.finish("FINISHED", run_dir, self.workload.headline, model)
@@ -176,6 +230,7 @@ class MlflowTracker:
             "run_dir": run_dir,
             "serving": serving,
             "register": cfg.tracking.get("register"),
+            "alias": cfg.tracking.get("alias"),
         }
 
     @hookimpl
@@ -194,10 +249,14 @@ class MlflowTracker:
             self.recorder.ask("finish", status, *args)
             return self.recorder.answer()
         except (OSError, EOFError) as err:
-            say(
-                f"the run's MLflow record was not ended {status} (its recorder process "
-                f"ended: {first_line(err)})"
-            )
+            if self.records:
+                say(
+                    f"the run's MLflow record was not ended {status} (its recorder process "
+                    f"ended: {first_line(err)})"
+                )
+        except Exception:
+            if self.records:
+                raise  # else the first worker says what its own recorder met
         finally:
             self.close()
 

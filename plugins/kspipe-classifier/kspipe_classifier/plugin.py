@@ -8,11 +8,14 @@ global batch.  So ``mode=local``, ``mode=pserver`` and ``mode=collective`` (and 
 plugin adds) all train it.
 
 The data: ``classifier.classes`` Gaussian blobs in ``classifier.features`` dimensions,
-drawn from ``classifier.seed``; no files, no download.
+drawn from ``classifier.seed``; no files, no download.  The data set names itself in the
+run's record (``Blobs.training_data``): the digest of its arrays, the same for every run of
+the same settings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -20,7 +23,7 @@ import numpy as np
 
 from kspipe import hookimpl
 from kspipe.cluster.endpoints import process_count
-from kspipe.contracts import Workload
+from kspipe.contracts import TrainingData, Workload
 from kspipe.errors import ConfigError, check_integer, check_number
 
 NAME = "classifier"
@@ -102,6 +105,7 @@ class Blobs:
     test_y: np.ndarray
     classes: int
     features: int
+    training_data: TrainingData | None = None  # the run's input in its MLflow record
 
 
 @hookimpl
@@ -117,7 +121,22 @@ def kspipe_read_dataset(cfg, role):
 
     train_x, train_y = points(c.train_points)
     test_x, test_y = points(c.test_points)
-    return Blobs(train_x, train_y, test_x, test_y, c.classes, c.features)
+    arrays = (train_x, train_y, test_x, test_y)
+    described = TrainingData(
+        name="blobs",
+        source=f"kspipe-classifier: generated from classifier.seed={c.seed}",
+        digest=arrays_digest(arrays),
+        profile={"train_points": c.train_points, "test_points": c.test_points},
+    )
+    return Blobs(*arrays, c.classes, c.features, training_data=described)
+
+
+def arrays_digest(arrays) -> str:
+    """8 hex digits of the SHA-256 of the arrays' values, as MLflow's data sets have."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:8]
 
 
 # --- program and compile ------------------------------------------------------------

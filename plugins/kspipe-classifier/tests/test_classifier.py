@@ -184,3 +184,28 @@ def test_a_misspelt_key_or_a_wrong_type_is_one_line(installed, tmp_path):
         result = kspipe(installed, tmp_path, "+experiment=blobs", override, *SMALL)
         assert result.returncode != 0
         assert result.stderr.strip().splitlines() == [line], result.stderr
+
+
+def test_the_data_set_names_itself_with_the_digest_of_its_arrays():
+    """What the run's record shows as its input: the same for the same settings, another
+    for another seed."""
+    import hashlib
+
+    from kspipe_classifier.plugin import ClassifierConfig, kspipe_read_dataset
+    from omegaconf import OmegaConf
+
+    from kspipe.role import Role
+
+    def read(seed):
+        config = ClassifierConfig(train_points=64, test_points=16, seed=seed)
+        return kspipe_read_dataset(cfg=OmegaConf.create({"classifier": config}), role=Role())
+
+    blobs = read(0)
+    arrays = (blobs.train_x, blobs.train_y, blobs.test_x, blobs.test_y)
+    digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()[:8]
+    assert blobs.training_data.digest == digest
+    assert blobs.training_data.name == "blobs"
+    assert blobs.training_data.source == "kspipe-classifier: generated from classifier.seed=0"
+    assert blobs.training_data.profile == {"train_points": 64, "test_points": 16}
+    assert read(0).training_data == blobs.training_data
+    assert read(1).training_data.digest != digest
