@@ -168,7 +168,7 @@ class HostLink:
                     with self._lock:
                         self._done.add(host)
                 elif word == "failed":
-                    self._fail(f"the job failed on {host}: {why}")
+                    self._fail(relayed(host, why))
         except OSError:
             pass
         with self._lock:
@@ -200,6 +200,21 @@ class HostLink:
                 )
         return self._failure
 
+    def outcome(self, timeout_s: float | None = None) -> str | None:
+        """A host other than the first, its own processes done: wait for the first host's
+        word on the job (its servers end as the job ends, however it ends); why the job
+        failed, or None when it finished."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self.hosts.first in self._done:
+                    return None
+            if self._failure is not None:
+                return self._failure
+            if deadline is not None and time.monotonic() > deadline:
+                return f"no word from the first host's launcher within {timeout_s:g} s"
+            time.sleep(0.1)
+
     def close(self, failure: str | None = None) -> None:
         """Tell the other launchers this host's part is done (or why it failed); hang up."""
         self._closing = True
@@ -217,3 +232,14 @@ class HostLink:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+#: What :meth:`kspipe.launchers.watcher.Cluster.wait` adds to a failure from elsewhere.
+STOPPED = "; this host's processes were stopped"
+
+
+def relayed(host: str, why: str) -> str:
+    """The failure ``host`` sent: named once by the host where it began (the first host
+    passes on what another host sent it)."""
+    why = why.removesuffix(STOPPED)
+    return why if why.startswith("the job failed on ") else f"the job failed on {host}: {why}"

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from kspipe import checkpoint
 from kspipe.errors import ClusterError
+from kspipe.launchers.hosts import STOPPED
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
@@ -106,7 +107,7 @@ class Cluster:
             failure = check() if check is not None else None
             if failure:
                 self.stop()
-                raise ClusterError(f"{failure}; this host's processes were stopped")
+                raise ClusterError(f"{failure}{STOPPED}")
             for p in self.processes:
                 code = p.popen.poll()
                 if code not in (None, 0):
@@ -288,6 +289,10 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
                 p.role, p.index, p.env, launcher.command(p, command) if launcher else command
             )
         cluster.wait(cfg.cluster.timeout_s, check=link.failure if link else None)
+        if link and not hosts.is_first:  # this host's part ended well; did the job?
+            failure = link.outcome(cfg.cluster.timeout_s)
+            if failure:
+                raise ClusterError(failure)
     except BaseException as err:
         if link:
             link.close(failure=why_stopped(err))

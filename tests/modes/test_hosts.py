@@ -14,7 +14,7 @@ import pytest
 from kspipe.testing import run_statuses, tiny_overrides
 from tests.kit import job_processes
 
-HOST_A, HOST_B = "127.0.0.2", "127.0.0.3"
+HOST_A, HOST_B, HOST_C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 
 def free_base(span: int = 8) -> int:
@@ -25,7 +25,7 @@ def free_base(span: int = 8) -> int:
         base = s.getsockname()[1]
         s.close()
         if base + span < 65535 and all(
-            free(h, base + i) for h in (HOST_A, HOST_B) for i in range(span)
+            free(h, base + i) for h in (HOST_A, HOST_B, HOST_C) for i in range(span)
         ):
             return base
     raise RuntimeError("no free port range")
@@ -42,14 +42,14 @@ def free(host, port) -> bool:
         s.close()
 
 
-def launch(tmp_path, data, host, base, *extra):
+def launch(tmp_path, data, host, base, *extra, servers=(HOST_A,)):
     args = [
         "+experiment=omniglot_5way",
         *tiny_overrides(tmp_path, data),
         f"run_dir={tmp_path / host}",
         "mode=pserver",
         "cluster.strategy=sync",
-        f"servers=[{HOST_A}:{base}]",
+        f"servers=[{','.join(f'{h}:{base}' for h in servers)}]",
         f"workers=[{HOST_A}:{base + 3},{HOST_B}:{base + 6}]",
         f"cluster.host={host}",
         "cluster.timeout_s=300",
@@ -92,12 +92,20 @@ def worker_pid(tmp_path, index):
     return None
 
 
-@pytest.mark.parametrize("kill", ["launcher", "worker"])
+@pytest.mark.parametrize("kill", ["launcher", "worker", "worker, a host of servers"])
 def test_a_failure_on_one_host_stops_the_other(tmp_path, tiny_data, kill):
+    """A failure stops every host, each launcher exits non-zero and names it: with a third
+    host that serves and trains nothing too, whose servers end as the job ends."""
     base = free_base()
     long = ["train.meta_iters=100000", "train.checkpoint_every=0", "eval.interval=0"]
-    a = launch(tmp_path, tiny_data, HOST_A, base, *long)
-    b = launch(tmp_path, tiny_data, HOST_B, base, *long)
+    servers = (HOST_A, HOST_C) if "servers" in kill else (HOST_A,)
+    a = launch(tmp_path, tiny_data, HOST_A, base, *long, servers=servers)
+    b = launch(tmp_path, tiny_data, HOST_B, base, *long, servers=servers)
+    c = (
+        launch(tmp_path, tiny_data, HOST_C, base, *long, servers=servers)
+        if "servers" in kill
+        else None
+    )
     try:
         log = tmp_path / HOST_B / "logs" / "worker.1.log"
         deadline = time.monotonic() + 120
@@ -112,11 +120,16 @@ def test_a_failure_on_one_host_stops_the_other(tmp_path, tiny_data, kill):
         _, err_a = a.communicate(timeout=90)
         took = time.monotonic() - killed
         _, err_b = b.communicate(timeout=30)
+        err_c = c.communicate(timeout=30)[1] if c else None
     finally:
-        for p in (a, b):
-            if p.poll() is None:
+        for p in (a, b, c):
+            if p is not None and p.poll() is None:
                 p.kill()
     assert a.returncode != 0 and b.returncode != 0
+    if c is not None:  # named once, by the host where it began
+        assert c.returncode != 0, err_c
+        assert f"the job failed on {HOST_B}: worker 1 was killed by SIGKILL" in err_c, err_c
+        assert err_c.count("the job failed on") == 1, err_c
     assert took < 60, took
     assert "Traceback" not in err_a and "Traceback" not in err_b
     if kill == "launcher":
