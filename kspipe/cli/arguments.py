@@ -102,10 +102,34 @@ def sweep_variants(overrides: list[str]):
             yield first[:i] + [value] + first[i + 1 :]
 
 
-def search_direction(args: list[str]) -> list[str]:
-    """A hyperparameter search (``hydra/sweeper=optuna``) maximises the workload's headline
-    metric, which each job returns, unless told otherwise."""
+def asks_for_search(args: list[str]) -> bool:
+    """Whether the command line ``args`` asks for a hyperparameter search
+    (``hydra/sweeper=optuna``)."""
+    return any(
+        override.key_or_group == "hydra/sweeper" and override.value() == "optuna"
+        for override in read_overrides(args)
+    )
+
+
+#: What a hyperparameter search does unless the command line says: it maximises the
+#: workload's headline metric, which each job returns, and goes on whatever share of its
+#: trials fail (each recorded FAILED; Hydra's own default, 0.0, ends it at the first).
+SEARCH_DEFAULTS = {"hydra.sweeper.direction": "maximize", "hydra.sweeper.max_failure_rate": 1.0}
+
+
+def search_defaults(args: list[str]) -> list[str]:
+    """The overrides of :data:`SEARCH_DEFAULTS` that a search's command line ``args``
+    leaves out; a ``hydra.sweeper.max_failure_rate`` out of 0..1 is refused (the sweeper
+    would stop at an assertion)."""
+    from kspipe.errors import ConfigError
+
+    if not asks_for_search(args):
+        return []
     given = {override.key_or_group: override.value() for override in read_overrides(args)}
-    if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in given:
-        return ["hydra.sweeper.direction=maximize"]
-    return []
+    rate = given.get("hydra.sweeper.max_failure_rate", 1.0)
+    if not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+        raise ConfigError(
+            f"hydra.sweeper.max_failure_rate={rate}: the share of a batch of trials that may "
+            f"fail is a number from 0 to 1"
+        )
+    return [f"{key}={value}" for key, value in SEARCH_DEFAULTS.items() if key not in given]

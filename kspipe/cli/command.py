@@ -11,10 +11,17 @@ The command reads its arguments as Hydra will (:mod:`kspipe.cli.arguments`), che
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kspipe import stopping
-from kspipe.cli.arguments import asks_for_help, read_overrides, search_direction, swept
+from kspipe.cli.arguments import (
+    asks_for_help,
+    asks_for_search,
+    read_overrides,
+    search_defaults,
+    swept,
+)
 from kspipe.cli.checks import check_config, check_experiments, check_run_folder, help_text
 from kspipe.cli.jobs import Jobs
 from kspipe.cli.process import fail, prepare_process, reader_gone
@@ -23,6 +30,9 @@ from kspipe.errors import KspipeError
 
 #: the command's first arguments that name a command of their own, not a job
 SUBCOMMANDS = ("plugins", "datafeed")
+
+#: The variable that has Hydra let an error through rather than print it (:func:`run_hydra`)
+FULL_ERROR = "HYDRA_FULL_ERROR"
 
 #: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
 #: most of a second).
@@ -45,8 +55,9 @@ def main() -> None:
     """The command (``kspipe``, :mod:`kspipe.__main__`): its process set up, the checks,
     then Hydra runs the job (or each job of a sweep) as :class:`Jobs` says.  A sweep whose
     jobs failed exits non-zero from its callback
-    (:class:`kspipe.observers.sweep.SweepCallback`).  A stop asked for before a job begins
-    (Ctrl-C, SIGTERM) is one line; a job says its own."""
+    (:class:`kspipe.observers.sweep.SweepCallback`); a search that its failed trials ended,
+    in one line from here.  A stop asked for before a job begins (Ctrl-C, SIGTERM) is one
+    line; a job says its own."""
     prepare_process(role=environment.any_given())  # first: no thread yet, nor Paddle
     args = sys.argv[1:]
     began = False  # whether Hydra has the jobs (a stop before is said as such)
@@ -62,6 +73,12 @@ def main() -> None:
     except BrokenPipeError:  # `kspipe plugins | head`: the reader has what it wanted
         end_sweep("FAILED")
         reader_gone()
+    except Exception as err:
+        ended = failed_search(err)
+        if ended is None:
+            end_sweep("FAILED")
+            raise
+        fail(ended)
     except BaseException as err:  # a job's own stop exits 128 + signal once it has said so
         stopped = isinstance(err, SystemExit) and err.code in stopping.STOPPED_EXIT_CODES
         end_sweep("KILLED" if stopped else "FAILED")
@@ -77,6 +94,13 @@ def end_sweep(status: str) -> str:
         return sweep.cut_short(status) if sweep is not None else ""
     except KeyboardInterrupt:
         return ""
+
+
+def failed_search(err: Exception) -> KspipeError | None:
+    """``err``, out of Hydra, as one line if it is a search's end by its failed trials
+    (:func:`kspipe.observers.sweep.failed_search`); else None."""
+    sweep = sys.modules.get("kspipe.observers.sweep")  # loaded where a sweep may run
+    return sweep.failed_search(err) if sweep is not None else None
 
 
 def checked_jobs(args: list[str]):
@@ -107,6 +131,7 @@ def checked_jobs(args: list[str]):
         schemas = plugin_schemas(pm)
         check_experiments(args, extra_dirs)
         cfg = check_config(args, extra_dirs, schemas)
+        defaults = search_defaults(args)
         if asks_for_help(args):
             text = help_text(args, extra_dirs, schemas, implementers(pm, "role"))
             if text is not None:
@@ -120,7 +145,7 @@ def checked_jobs(args: list[str]):
         record_early(cfg)
         stopping.install()  # Paddle's import, and its signal handlers go
     hydra_args = [*args, f"hydra.searchpath=[{','.join(extra_dirs)}]"] if extra_dirs else args
-    hydra_args = [*hydra_args, *search_direction(hydra_args)]
+    hydra_args = [*hydra_args, *defaults]
     register_schemas(schemas)  # Hydra composes with them
     register_resolver(make=runs)  # a command that only prints its config makes no folder
     return Jobs(pm, swept(hydra_args)).run, hydra_args
@@ -137,10 +162,19 @@ def run_hydra(task, args: list[str]) -> None:
     # another: this is the one place kspipe sets it, for this call only
     given = sys.argv
     sys.argv = [given[0], *args]
+    # Hydra prints an error out of a search's sweeper as a traceback: it comes through to
+    # main, which says a search its failed trials ended in one line
+    full_error = os.environ.get(FULL_ERROR)
+    if asks_for_search(args):
+        os.environ[FULL_ERROR] = "1"
     try:
         decorated()
     finally:
         sys.argv = given
+        if full_error is None:
+            os.environ.pop(FULL_ERROR, None)
+        else:
+            os.environ[FULL_ERROR] = full_error
 
 
 def start_recorder(args: list[str]) -> None:

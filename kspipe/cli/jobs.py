@@ -3,11 +3,13 @@ line: its metrics, or how a stopped or failed run goes on."""
 
 from __future__ import annotations
 
+import traceback
+
 from omegaconf import open_dict
 
 from kspipe import stopping
 from kspipe.cli.process import fail, reader_gone
-from kspipe.errors import ClusterError, KspipeError, StorageError, print_error
+from kspipe.errors import ClusterError, KspipeError, StorageError, first_line, print_error
 
 
 class Jobs:
@@ -31,11 +33,14 @@ class Jobs:
     def run(self, cfg) -> float:
         """Run one job; its value (the workload's headline metric) is what a hyperparameter
         search (``hydra/sweeper=optuna``) optimises.  A sweep's job that fails says so in
-        one line and returns :class:`~kspipe.observers.sweep.JobFailed`: the others run."""
+        one line and returns :class:`~kspipe.observers.sweep.JobFailed`: the others run.
+        A search's trial that fails (for any error: one not the user's with its traceback)
+        raises :class:`~kspipe.observers.sweep.TrialFailed`, which the sweeper records as a
+        failed trial."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from kspipe.observers.sweep import JobFailed, job_label
+        from kspipe.observers.sweep import JobFailed, TrialFailed, is_search, job_label
         from kspipe.pipeline import hand_off, prepare, run
         from kspipe.plugin_manager import get_plugin_manager
         from kspipe.schema import register_min_resolver
@@ -68,12 +73,21 @@ class Jobs:
             if sweep:  # report, and let the other jobs run
                 job = job or str(hydra_cfg.job.num)
                 print_error(f"job {job}: {err}")
+                if is_search(hydra_cfg):
+                    raise TrialFailed(f"{job}: {err}") from None
                 return JobFailed(worst_value(hydra_cfg), f"{job}: {err}")
             if isinstance(err, StorageError) or (
                 isinstance(err, ClusterError) and wrote_checkpoint(cfg)
             ):  # mid-run
                 err = type(err)(f"{err}{recorded_as(cfg, 'FAILED')}; {resume_hint(cfg)}")
             fail(err)
+        except Exception as err:
+            if not (sweep and is_search(hydra_cfg)):
+                raise
+            traceback.print_exc()  # not the user's mistake: where it happened
+            job = f"{job or hydra_cfg.job.num}: {type(err).__name__}: {first_line(err)}"
+            print_error(f"job {job}")
+            raise TrialFailed(job) from err
         except KeyboardInterrupt as stop:
             stopping.exit_stopped(stop, f"{recorded_as(cfg, 'KILLED')}; {resume_hint(cfg)}")
         try:

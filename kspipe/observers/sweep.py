@@ -13,6 +13,13 @@ and ``comparison.png``: per job, the metrics its workload declares
 union of them when the jobs ran different workloads).  The parent ends FAILED if any job
 failed, and the command exits non-zero.
 
+A search's trial that fails raises :class:`TrialFailed` to Hydra, whose sweeper records the
+trial FAILED (not as a value) and goes on while no more than ``hydra.sweeper.max_failure_rate``
+of a batch of ``hydra.sweeper.n_jobs`` trials failed (kspipe's default, 1.0: whatever
+fails).  A search that runs to its end is a search done: its parent ends FINISHED and the
+command exits 0, the failed trials said in one line.  One that its failures end
+(:func:`failed_search`) ends FAILED, in one line.
+
 Which keys a sweep varies, and a job's name from them, are read from the overrides by
 Hydra's own parser (:func:`parse_overrides`), here and in the command's checks.
 """
@@ -28,7 +35,7 @@ import sys
 from hydra.experimental.callback import Callback
 
 from kspipe.contracts import Workload
-from kspipe.errors import print_error
+from kspipe.errors import KspipeError, print_error
 from kspipe.observers.mlflow import sweep_runs
 from kspipe.observers.mlflow.tags import workload_tags
 from kspipe.observers.plots import plot_comparison
@@ -79,22 +86,43 @@ class JobFailed(float):
         return JobFailed, (float(self), self.reason)
 
 
+class TrialFailed(KspipeError):
+    """What a trial of a hyperparameter search that failed raises to Hydra (having said why
+    in one line): Hydra records its job FAILED, and the sweeper its trial (no value)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self):  # a job process of another launcher sends it back pickled
+        return TrialFailed, (self.reason,)
+
+
+def is_search(hydra_cfg) -> bool:
+    """Whether the sweep ``hydra_cfg`` (Hydra's config) runs is a hyperparameter search:
+    its sweeper Hydra's optuna sweeper, which takes a trial that raises as a failed one."""
+    return str((hydra_cfg.get("sweeper") or {}).get("_target_", "")).endswith(".OptunaSweeper")
+
+
 class SweepCallback(Callback):
     """One sweep's record.  Hydra makes it from the config and gives it nothing else, so it
-    learns what it needs from the sweep's config (the keys swept), the jobs' returns in
-    this process (:class:`JobFailed`) and the jobs' runs (their workloads and statuses)."""
+    learns what it needs from the sweep's config (the keys swept, its sweeper), the jobs'
+    returns in this process (:class:`JobFailed`, :class:`TrialFailed`) and the jobs' runs
+    (their workloads and statuses)."""
 
     def __init__(self):
         self.parent_id = None
         self.swept: list[str] = []
         self.failed: list[str] = []  # "<job>: <why>", one per job that failed
+        self.ended = 0  # jobs ended in this process
+        self.search = False  # a hyperparameter search (is_search)
         self.config = None
         self.earlier_jobs: set = set()  # Slurm jobs in the sweep's submitit folder before it
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _running
         self.swept = swept_keys(config.hydra.overrides.task)
-        self.failed = []
+        self.failed, self.ended, self.search = [], 0, is_search(config.hydra)
         self.config, _running = config, self
         self.earlier_jobs = set(self.submitted_jobs())
         if not config.tracking.enabled:
@@ -108,12 +136,12 @@ class SweepCallback(Callback):
         )
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
-        from hydra.core.utils import JobStatus
-
-        if job_return.status == JobStatus.COMPLETED and isinstance(
-            job_return.return_value, JobFailed
-        ):
-            self.failed.append(job_return.return_value.reason)
+        self.ended += 1
+        # what the job returned or raised: Hydra's public property, for a job that raised,
+        # prints a line of Hydra's own and raises it
+        ended = job_return._return_value
+        if isinstance(ended, (JobFailed, TrialFailed)):
+            self.failed.append(ended.reason)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         global _running
@@ -123,7 +151,15 @@ class SweepCallback(Callback):
                 self.finish(config)
         finally:
             self.parent_id = None
-            if self.failed:
+            if self.failed and self.search:  # the sweeper went on: the search is done
+                from kspipe.reporting import say
+
+                say(
+                    f"{len(self.failed)} trial(s) of the search failed, recorded FAILED "
+                    f"(hydra.sweeper.max_failure_rate={config.hydra.sweeper.max_failure_rate}): "
+                    f"{'; '.join(self.failed)}"
+                )
+            elif self.failed:
                 # Hydra hands nothing back to the command that started it: the sweep's end is
                 # where the command learns that jobs failed, so it exits here
                 print_error(
@@ -131,9 +167,10 @@ class SweepCallback(Callback):
                 )
                 sys.exit(1)
 
-    def finish(self, config) -> None:
+    def finish(self, config, cut_short: bool = False) -> None:
         """Compare the jobs on the parent run, count the jobs another launcher ran that
-        failed (submitit's Slurm jobs), and end the parent."""
+        failed (submitit's Slurm jobs), and end the parent: FAILED if jobs failed (a
+        search's trials only where they ended it, ``cut_short``)."""
         status, outputs, tags = "FAILED", [], {}
         try:
             jobs = [job for job in sweep_runs.child_runs(config, self.parent_id) if job.workload]
@@ -158,7 +195,7 @@ class SweepCallback(Callback):
                 for r in rows
                 if r["status"] != "FINISHED" and str(r["job"]) not in counted
             ]
-            status = "FAILED" if self.failed else "FINISHED"
+            status = "FAILED" if cut_short or (self.failed and not self.search) else "FINISHED"
         finally:
             sweep_runs.finish_parent_run(
                 config, self.parent_id, status, [path for path in outputs if path], tags
@@ -228,6 +265,35 @@ def cut_short(status: str) -> str:
             f"cancelled (a running one stops at its next safe point)"
         )
     return said
+
+
+def failed_search(err: Exception) -> KspipeError | None:
+    """The search this process runs, ended by its failed trials, as the command's one line,
+    its parent run given the comparison and ended FAILED; None where ``err`` is another
+    failure.  The sweeper ends a search by raising a failed trial's :class:`TrialFailed`
+    (more than ``hydra.sweeper.max_failure_rate`` of a batch failed), and optuna's
+    ``ValueError`` where every trial failed (no best)."""
+    global _running
+    sweep = _running
+    if sweep is None or not sweep.search or not sweep.failed:
+        return None
+    every = isinstance(err, ValueError) and len(sweep.failed) == sweep.ended
+    if not (isinstance(err, TrialFailed) or every):
+        return None
+    _running = None
+    said = ""
+    if sweep.parent_id is not None:
+        sweep.finish(sweep.config, cut_short=True)
+        said = "; the search's parent run is recorded as FAILED"
+    settings = sweep.config.hydra.sweeper
+    why = (
+        f"the search has no best trial: all {len(sweep.failed)} failed"
+        if every
+        else f"the search ended: more than hydra.sweeper.max_failure_rate="
+        f"{settings.max_failure_rate} of a batch of hydra.sweeper.n_jobs={settings.n_jobs} "
+        f"trials failed"
+    )
+    return KspipeError(f"{why}: {'; '.join(sweep.failed)}{said}")
 
 
 def best_job(rows: list[dict], workloads: list[Workload]) -> dict:

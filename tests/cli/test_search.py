@@ -1,7 +1,9 @@
 """A hyperparameter search (hydra-optuna-sweeper): trials as child runs of one parent that
-names the best, each with the data it trained on and its system metrics; the best trial's
-model served as few-shot inference; the MLflow UI, in a real headless browser, shows the
-search's runs, their data set and a run's system metrics."""
+names the best, each with the data it trained on and its system metrics; a trial that
+fails is a FAILED child run and the search goes on (or ends, in one line, past
+``hydra.sweeper.max_failure_rate``); the best trial's model served as few-shot
+inference; the MLflow UI, in a real headless browser, shows the search's runs, their
+data set and a run's system metrics."""
 
 import json
 
@@ -11,7 +13,14 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from kspipe.files import files_digest
-from kspipe.testing import Server, invoke, model_server, run_kspipe, tiny_overrides
+from kspipe.testing import (
+    Server,
+    invoke,
+    model_server,
+    run_kspipe,
+    run_statuses,
+    tiny_overrides,
+)
 from tests.kit import a_test_task, chromium_missing, page_text, reference_adaptation
 
 SEARCH = [
@@ -119,6 +128,104 @@ def test_each_trial_records_the_data_it_trained_on_and_its_system_metrics(search
         assert metrics["system/process_memory_usage_megabytes"] > 100  # Paddle's process
         assert metrics["system/network_receive_megabytes"] >= 0
         assert 0 < metrics["system/system_memory_usage_percentage"] <= 100
+
+
+#: A meta step this large sends the weights to infinity: the trial's training goes NaN (a
+#: failure at run time, which no check of the config can see), and the trial fails.
+DIVERGES = "train.meta_step=1e+38"
+NAN = "loss is nan at meta-train step 3"
+
+
+def search_runs(tmp) -> tuple:
+    """The search's parent run in ``tmp``'s store and its children, first started first."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("kspipe").experiment_id],
+        order_by=["attributes.start_time ASC"],
+    )
+    (parent,) = [r for r in runs if r.data.tags.get("kspipe.sweep") == "parent"]
+    return parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+def test_a_failed_trial_is_a_failed_child_run_and_the_search_goes_on(tmp_path, tiny_data):
+    """Each meta step of the grid once: the diverging one fails in one line and is recorded
+    FAILED (by the sweeper too, not as a value); the search goes on, its parent FINISHED
+    names the best trial, and the command says which trials failed."""
+    result = run_kspipe(
+        "-m",
+        *tiny(tmp_path, tiny_data),
+        "hydra/sweeper=optuna",
+        "hydra/sweeper/sampler=grid",
+        "train.meta_step=choice(0.5,1e38)",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    parent, children = search_runs(tmp_path)
+    by_step = {c.data.params["train.meta_step"]: c for c in children}
+    assert sorted(by_step) == ["0.5", "1e+38"]
+    done, failed = by_step["0.5"], by_step["1e+38"]
+    assert (done.info.status, failed.info.status) == ("FINISHED", "FAILED")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["kspipe.best_job"] == "train.meta_step=0.5"
+    assert parent.data.tags["kspipe.best_run"] == done.info.run_id
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert errors == [f"kspipe: error: job {DIVERGES}: {NAN}"]
+    assert f"[HYDRA] Failed experiment: {DIVERGES}: {NAN}" in result.stdout  # optuna's FAIL
+    assert result.stderr.splitlines()[-1] == (
+        f"kspipe: 1 trial(s) of the search failed, recorded FAILED "
+        f"(hydra.sweeper.max_failure_rate=1.0): {DIVERGES}: {NAN}"
+    )
+    (results,) = (tmp_path / "multirun").glob("*/*/optimization_results.yaml")
+    assert OmegaConf.to_container(OmegaConf.load(results)) == {
+        "name": "optuna",
+        "best_params": {"train.meta_step": 0.5},
+        "best_value": done.data.metrics["test_accuracy"],
+    }
+
+
+def test_past_max_failure_rate_the_search_ends_in_one_line(tmp_path, tiny_data):
+    """``hydra.sweeper.max_failure_rate=0``: the first failed trial ends the search, said in
+    one line after the trial's own; the trial and the parent are FAILED."""
+    result = run_kspipe(
+        "-m",
+        *tiny(tmp_path, tiny_data),
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.max_failure_rate=0",
+        "train.meta_step=choice(1e38)",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
+    assert errors == [  # the trial's line as it fails, then the search's end
+        f"kspipe: error: job {DIVERGES}: {NAN}",
+        "kspipe: error: the search ended: more than hydra.sweeper.max_failure_rate=0.0 of a "
+        f"batch of hydra.sweeper.n_jobs=2 trials failed: {DIVERGES}: {NAN}; the search's "
+        "parent run is recorded as FAILED",
+    ]
+    assert run_statuses(tmp_path / "mlflow.db") == ["FAILED", "FAILED"]
+
+
+@pytest.mark.parametrize("rate", ["1.5", "-0.1", "many"])
+def test_a_max_failure_rate_out_of_0_to_1_is_one_line(rate):
+    from kspipe.cli.arguments import search_defaults
+    from kspipe.errors import ConfigError
+
+    search = ["-m", "hydra/sweeper=optuna", "train.inner_lr=interval(0.0001,0.01)"]
+    assert search_defaults(search) == [
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.max_failure_rate=1.0",
+    ]
+    assert search_defaults([*search, "hydra.sweeper.max_failure_rate=0.5"]) == [
+        "hydra.sweeper.direction=maximize"
+    ]
+    with pytest.raises(ConfigError) as refused:
+        search_defaults([*search, f"hydra.sweeper.max_failure_rate={rate}"])
+    assert str(refused.value) == (
+        f"hydra.sweeper.max_failure_rate={rate}: the share of a batch of trials that may fail "
+        f"is a number from 0 to 1"
+    )
 
 
 @pytest.mark.parametrize(

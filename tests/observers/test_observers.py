@@ -1,8 +1,8 @@
 """The sweep's observers: the comparison and the learning curve show the metrics each
 workload declares, not names written into them; a sweep's keys and a job's name are read by
 Hydra's parser; the parent run of a sweep gets its children's artifacts and status; the
-sweep callback counts a failed job.  (Which observers may import MLflow:
-registry/test_plugin_contract.py.)"""
+sweep callback counts a failed job, and a search's failed trials.  (Which observers may
+import MLflow: registry/test_plugin_contract.py.)"""
 
 import csv
 import os
@@ -182,3 +182,62 @@ def test_the_sweep_callback_counts_a_failed_job_and_the_command_fails(capsys):
     )
     callback.on_multirun_start(config)  # the next sweep starts afresh
     callback.on_multirun_end(config)
+
+
+def test_a_searchs_failed_trials_are_said_and_its_end_is_the_searchs_own(capsys):
+    """In a search (Hydra's optuna sweeper) a failed trial raised TrialFailed (pickled back
+    from a job process of another launcher); the search that ran to its end exits as done,
+    naming its failed trials; one its failures ended is the command's one line."""
+    import pickle
+
+    from hydra.core.utils import JobReturn, JobStatus
+
+    config = OmegaConf.create(
+        {
+            "tracking": {"enabled": False},
+            "hydra": {
+                "overrides": {"task": ["train.inner_lr=interval(0.0001,0.01)"]},
+                "sweeper": {
+                    "_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                    "max_failure_rate": 0.5,
+                    "n_jobs": 2,
+                },
+            },
+        }
+    )
+    callback = sweep.SweepCallback()
+    failed = pickle.loads(pickle.dumps(sweep.TrialFailed("train.inner_lr=0.01: why")))
+    assert (str(failed), failed.reason) == ("train.inner_lr=0.01: why",) * 2
+    ok = JobReturn(status=JobStatus.COMPLETED, _return_value=0.5)
+    bad = JobReturn(status=JobStatus.FAILED, _return_value=failed)
+    ends = [
+        # the sweeper raised the trial's error: more than 0.5 of a batch failed
+        (
+            (ok, bad),
+            "the search ended: more than hydra.sweeper.max_failure_rate=0.5 of a batch of "
+            "hydra.sweeper.n_jobs=2 trials failed: train.inner_lr=0.01: why",
+        ),
+        # optuna found no best trial: a ValueError
+        (
+            (bad, bad),
+            "the search has no best trial: all 2 failed: train.inner_lr=0.01: why; "
+            "train.inner_lr=0.01: why",
+        ),
+    ]
+    for jobs, line in ends:
+        callback.on_multirun_start(config)
+        assert callback.search and callback.swept == ["train.inner_lr"]
+        for job in jobs:
+            callback.on_job_end(config, job)
+        if jobs[0] is ok:
+            assert sweep.failed_search(ValueError("another failure")) is None
+        assert str(sweep.failed_search(failed if jobs[0] is ok else ValueError("none"))) == line
+        assert sweep.failed_search(failed) is None  # said once: the search is over
+    callback.on_multirun_start(config)
+    for job in (ok, bad):
+        callback.on_job_end(config, job)
+    callback.on_multirun_end(config)  # no SystemExit: the search is done
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kspipe: 1 trial(s) of the search failed, recorded FAILED "
+        "(hydra.sweeper.max_failure_rate=0.5): train.inner_lr=0.01: why"
+    )

@@ -445,11 +445,11 @@ record = {
     "ops": [op.type for op in ops],
     "fused": [name for op in fusing for name in op.input("Input")],
     "exchanged": [op.input("X")[0] for op in ops
-                  if op.type in ("c_allreduce_sum", "c_allgather")],
+                  if op.type in ("c_allreduce_sum", "c_allgather", "py_func")],
     "buffers": buffers,
     "gradients": [p.name + "@GRAD" for p in main.all_parameters()],
     "scales": [op.attr("scale") for op in ops
-               if op.type == "scale" and op.input("X")[0] in buffers],
+               if op.type == "scale" and op.output("Out")[0] in buffers],
     "waits": [op.input("X")[0] for op in ops if op.type == "depend"],
     "test_ops": [op.type for op in main.clone(for_test=True).global_block().ops],
     "compiled": isinstance(optimizer.compiled_program, paddle.static.CompiledProgram),
@@ -495,7 +495,10 @@ def test_the_gpu_path_writes_collective_ops_into_the_program(tmp_path):
         ops, gradients = worker["ops"], sorted(worker["gradients"])
         assert sorted(worker["fused"]) == gradients and len(worker["buffers"]) == 1
         assert worker["exchanged"] == worker["buffers"]  # one exchange, of the buffer
-        exchanges = [i for i, t in enumerate(ops) if t in ("c_allreduce_sum", "c_allgather")]
+        # on a GPU Paddle's collective op; on this CPU build the workers' chain (a py_func)
+        exchanges = [
+            i for i, t in enumerate(ops) if t in ("c_allreduce_sum", "c_allgather", "py_func")
+        ]
         assert len(exchanges) == 1 and exchanges[0] < ops.index("sgd")
         assert worker["scales"] == [0.5]
         assert sorted(worker["waits"]) == gradients
