@@ -162,12 +162,16 @@ class CollectiveRole(Role):
 
     def chain_sum(self, values: np.ndarray) -> np.ndarray:
         """``values`` summed over the workers in worker order along their chain of kspipe's
-        own sockets (made at the first call, which every worker makes in step)."""
+        own sockets (made at :meth:`init_worker`, or else at the first call, which every
+        worker makes in step)."""
+        return self._chain().sum(values)
+
+    def _chain(self):
         if self.chain is None:
             from kspipe.modes.summing import WorkerSum
 
             self.chain = WorkerSum(self)
-        return self.chain.sum(values)
+        return self.chain
 
     # distribution
     def refuses(self, needs, cfg) -> str | None:
@@ -197,10 +201,8 @@ class CollectiveRole(Role):
     def init_worker(self, scope=None) -> None:
         if self.device is not None and not self._nccl_ready:
             self._init_nccl()  # before the first program with collective ops runs
-        if self.device is None and self.nranks > 1 and self.chain is None:
-            from kspipe.modes.summing import WorkerSum
-
-            self.chain = WorkerSum(self)
+        if self.device is None and self.nranks > 1:
+            self._chain()  # the workers meet now, not inside their first step
         super().init_worker(scope)
 
     def _init_nccl(self) -> None:

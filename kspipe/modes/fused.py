@@ -37,7 +37,9 @@ import numpy as np
 #: 420 weights 1.05 ms gathered against 2.1 ms through the ring, equal near 20,000).
 GATHER_BYTES = 64 * 1024
 #: The largest buffer, in bytes, summed along the workers' chain of kspipe's own sockets
-#: (a ``py_func`` op), not through gloo.
+#: (a ``py_func`` op) where a role gives one: every buffer (its bytes a link match gloo's
+#: ring's, and it answers sooner: BENCHMARKS.md); the tests and benches lower it to
+#: compare with gloo's ways.
 CHAIN_BYTES = 1 << 40
 
 
