@@ -3,13 +3,15 @@ fitted to bench_scale.py ``--jobs`` rows, against them, and its predictions.
 
     python bench/scale_model.py rows.jsonl [rows.jsonl ...] [--plot docs/scale-model.png]
 
-A step's time is ``bytes / (e * B) + hops * h``: ``bytes`` the most that one link carries
+A step's time is ``bytes / (e B) + hops * h``: ``bytes`` the most that one link carries
 one way in the step by the strategy's topology (:func:`link_bytes`), ``B`` the links' rate,
-``hops`` the hops a round's chain passes a chunk through (:func:`hops`), and two numbers
-fitted to every row at once: ``e`` the share of a shaped link that the exchange gets, ``h``
-a hop's time beyond the bytes.  On the emulated links a chunk of an idle link passes in
-its token bucket's burst, so the pipeline's fill costs no bytes' time there; on a real
-link each hop also waits a chunk's time, ``c / B``, which the predictions add.
+``hops`` the hops a round's chain passes a chunk through (:func:`hops`), and three numbers
+fitted to every row at once: ``e1`` the share of a shaped link one flow each way gets (two
+workers, async), ``e2`` the share where a middle worker of the chain sends two flows each
+way (partial sums up, totals down), and ``h`` a hop's time beyond the bytes.  On the
+emulated links a chunk of an idle link passes in its token bucket's burst, so the
+pipeline's fill costs no bytes' time there; on a real link each hop also waits a chunk's
+time, ``c / B``, which the predictions add.
 """
 
 from __future__ import annotations
@@ -51,31 +53,36 @@ def hops(kind: str, workers: int, geo_rounds: float) -> float:
 
 
 def terms(row: dict, geo_rounds: float = BENCH_GEO_ROUNDS) -> list[float]:
+    """The model's terms that 1/e1, 1/e2 and h multiply."""
     args = row["kind"], row["workers"], row["servers"], row["weights"], geo_rounds
+    seconds = link_bytes(*args) / (row["mbit"] * 1e6 / 8)
+    two_flows = row["kind"] != "async" and row["workers"] > 2
     return [
-        link_bytes(*args) / (row["mbit"] * 1e6 / 8),
+        0.0 if two_flows else seconds,
+        seconds if two_flows else 0.0,
         hops(row["kind"], row["workers"], geo_rounds),
     ]
 
 
-def fit(rows: list[dict]) -> tuple[float, float]:
-    """(e, h) by least squares over the rows, relative errors weighed alike."""
+def fit(rows: list[dict]) -> tuple[float, float, float]:
+    """(e1, e2, h) by least squares over the rows, relative errors weighed alike."""
     step = np.array([r["step_s"] for r in rows])
     a = np.array([terms(r) for r in rows]) / step[:, None]
-    (inverse_e, h), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
-    return 1 / inverse_e, h
+    (one, two, h), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    return 1 / one, 1 / two, h
 
 
-def model(row: dict, e: float, h: float) -> float:
-    seconds, hop_count = terms(row)
-    return seconds / e + hop_count * h
+def model(row: dict, fitted, geo_rounds: float = BENCH_GEO_ROUNDS, fill: float = 0.0) -> float:
+    """A step's time; ``fill``: a chunk's time a hop on real links."""
+    e1, e2, h = fitted
+    one, two, hop_count = terms(row, geo_rounds)
+    return one / e1 + two / e2 + hop_count * (h + fill)
 
 
-def predict(kind: str, workers: int, weights: int, mbit: float, e: float, h: float) -> float:
+def predict(kind: str, workers: int, weights: int, mbit: float, fitted) -> float:
     """A long job's step on real links of ``mbit`` (servers: half the workers)."""
     row = dict(kind=kind, workers=workers, servers=max(workers // 2, 1), weights=weights)
-    seconds, hop_count = terms(dict(row, mbit=mbit), 1 / GEO_K)
-    return seconds / e + hop_count * (h + CHUNK / (mbit * 1e6 / 8))
+    return model(dict(row, mbit=mbit), fitted, 1 / GEO_K, CHUNK / (mbit * 1e6 / 8))
 
 
 def main() -> None:
@@ -87,23 +94,23 @@ def main() -> None:
     for path in args.rows:
         with open(path) as f:
             rows += [json.loads(line) for line in f if line.strip()]
-    e, h = fit(rows)
-    errors = [abs(model(r, e, h) / r["step_s"] - 1) for r in rows]
+    fitted = e1, e2, h = fit(rows)
+    errors = [abs(model(r, fitted) / r["step_s"] - 1) for r in rows]
     print(
-        f"fitted: e = {e:.2f} of a link's rate, h = {h * 1e3:.2f} ms a hop; error median "
-        f"{np.median(errors):.0%}, at most {max(errors):.0%}"
+        f"fitted: e1 = {e1:.2f}, e2 = {e2:.2f} of a link's rate, h = {h * 1e3:.2f} ms a hop; "
+        f"error median {np.median(errors):.0%}, at most {max(errors):.0%}"
     )
     print("job         weights  workers servers  measured_s  model_s")
     for r in rows:
         print(
             f"{r['kind']:<10} {r['weights']:>9}  {r['workers']:>7} {r['servers']:>7}  "
-            f"{r['step_s']:10.3f}  {model(r, e, h):7.3f}"
+            f"{r['step_s']:10.3f}  {model(r, fitted):7.3f}"
         )
     sizes = (2, 16, 64, 256)
     for weights in (112_451, 4_000_000):
         print(f"predicted step, {weights:,} weights, links at 1 Gbit/s, servers = workers / 2:")
         for kind in ("sync", "geo", "async", "collective"):
-            times = [predict(kind, n, weights, 1000, e, h) for n in sizes]
+            times = [predict(kind, n, weights, 1000, fitted) for n in sizes]
             cells = "   ".join(f"{n}: {t:.3f} s" for n, t in zip(sizes, times))
             print(f"  {kind:<10} {cells}")
     if args.plot:
@@ -115,13 +122,17 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(5, 5))
         for kind in dict.fromkeys(r["kind"] for r in rows):
             mine = [r for r in rows if r["kind"] == kind]
-            ax.loglog([model(r, e, h) for r in mine], [r["step_s"] for r in mine], "o", label=kind)
-        low = min(min(r["step_s"], model(r, e, h)) for r in rows) * 0.8
-        top = max(max(r["step_s"], model(r, e, h)) for r in rows) * 1.25
+            ax.loglog(
+                [model(r, fitted) for r in mine], [r["step_s"] for r in mine], "o", label=kind
+            )
+        low = min(min(r["step_s"], model(r, fitted)) for r in rows) * 0.8
+        top = max(max(r["step_s"], model(r, fitted)) for r in rows) * 1.25
         ax.plot([low, top], [low, top], "k:", lw=1)
         ax.set_xlabel("model, s a step")
         ax.set_ylabel("measured, s a step")
-        ax.set_title(f"fitted: e = {e:.2f}, h = {h * 1e3:.1f} ms a hop", fontsize=9)
+        ax.set_title(
+            f"fitted: e1 = {e1:.2f}, e2 = {e2:.2f}, h = {h * 1e3:.2f} ms a hop", fontsize=9
+        )
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
