@@ -94,18 +94,24 @@ class WorkerSum:
                 receive_into(self.next, total)
                 if self.previous is not None:
                     self.previous.sendall(memoryview(total).cast("B"))
-        except BaseException:
-            self.close()  # a round left half-way: the links are no good any more
             if down is not None:
-                down.join(quietly=True)  # it ends as its link closes
+                down.join()  # its error, if a link failed on its side
+        except BaseException:
+            self.close()  # a round left half-way: the links are no good any more, and the
+            if down is not None:  # workers beside this one learn it as their links close
+                down.join(quietly=True)  # it ends as its link shuts
             raise
-        if down is not None:
-            down.join()  # its error, if a link failed on its side
         return total.reshape(values.shape)
 
     def close(self) -> None:
+        """Shut and close both links: a shut link also wakes a thread of this process
+        blocked on it (closing alone does not, on Linux)."""
         for link in (self.previous, self.next):
             if link is not None:
+                try:
+                    link.shutdown(socket.SHUT_RDWR)
+                except OSError:  # the peer has gone already
+                    pass
                 link.close()
         self.previous = self.next = None
 

@@ -120,15 +120,20 @@ def test_a_stranger_at_a_workers_listener_is_turned_away(monkeypatch):
     assert all(host == "127.0.0.1" for host, _ in listening)
 
 
-def test_a_worker_that_leaves_mid_round_fails_the_round_of_every_other():
-    """The last worker leaves after joining the chain: the others' round fails with an
-    error (a worker left), none waits for ever."""
+@pytest.mark.parametrize("leaves", ["at once", "after the partial sums"])
+def test_a_worker_that_leaves_mid_round_fails_the_round_of_every_other(leaves):
+    """The last worker leaves after joining the chain, at once or after taking in every
+    partial sum (so its neighbour's round fails only on the way down): the others' round
+    fails with an error (a worker left), none waits for ever, though each worker's error
+    is kept (and with it the frames that hold its links)."""
     workers, errors = Workers(3), {}
 
     def work(index: int) -> None:
         chain = summing.WorkerSum(workers.role(index))
         try:
             if index == 2:
+                if leaves != "at once":
+                    summing.receive_into(chain.previous, np.empty(100_000))
                 chain.close()
                 return
             chain.sum(np.ones(100_000))
