@@ -59,6 +59,9 @@ class ProgressLine:
 
 
 def _duration(seconds: float) -> str:
+    """``0.4s`` (a short evaluation took some time, not none), ``12s``, ``3m05s``, ``1h02m``."""
+    if seconds < 9.95:
+        return f"{seconds:.1f}s"
     seconds = int(round(seconds))
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -125,6 +125,8 @@ class SweepCallback(Callback):
         self.failed, self.ended, self.search = [], 0, is_search(config.hydra)
         self.config, _running = config, self
         self.earlier_jobs = set(self.submitted_jobs())
+        if self.search:  # optuna's own info lines ("A new study created in memory ...")
+            quiet_optuna()  # say nothing of the user's job
         if not config.tracking.enabled:
             return
         sweep = ", ".join(f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items())
@@ -352,3 +354,14 @@ def write_table(rows: list[dict], columns: list[str], path: str) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+def quiet_optuna() -> None:
+    """Optuna logs each study it makes at INFO on the terminal; its warnings still show."""
+    import warnings
+
+    with warnings.catch_warnings():  # SQLAlchemy 2's note on optuna 2's storage module
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -105,6 +105,7 @@ def test_each_trial_is_a_child_run_and_the_parent_names_the_best(search, ui):
         f"?orderByKey=metrics.%60test_accuracy%60&orderByAsc=false"
     )
     assert result.stderr.splitlines().count(page) == 1  # once, at the end of the sweep
+    assert "A new study created" not in result.stderr  # optuna's info line, not the job's
     (results,) = (tmp / "multirun").glob("*/*/optimization_results.yaml")
     assert OmegaConf.load(results).best_value == max(  # optuna maximised the headline
         c.data.metrics["test_accuracy"] for c in children

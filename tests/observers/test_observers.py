@@ -5,6 +5,7 @@ sweep callback counts a failed job, and a search's failed trials.  (Which observ
 import MLflow: registry/test_plugin_contract.py.)"""
 
 import csv
+import io
 import os
 
 from omegaconf import OmegaConf
@@ -13,6 +14,7 @@ from kspipe.contracts import Workload
 from kspipe.observers import plots, sweep
 from kspipe.observers.mlflow import sweep_runs, tags
 from kspipe.observers.mlflow.sweep_runs import RunRecord
+from kspipe.observers.progress import ProgressLine
 
 REPTILE = Workload(
     name="reptile",
@@ -241,3 +243,16 @@ def test_a_searchs_failed_trials_are_said_and_its_end_is_the_searchs_own(capsys)
         "kspipe: 1 trial(s) of the search failed, recorded FAILED "
         "(hydra.sweeper.max_failure_rate=0.5): train.inner_lr=0.01: why"
     )
+
+
+def test_a_progress_line_gives_the_time_left_and_a_short_tasks_tenths_of_seconds():
+    """A stage done within seconds says how long it took, not ``0s``."""
+    line = ProgressLine(stream=io.StringIO())
+    assert line.format("evaluate", 3, 3, {"accuracy": 0.5}, 0.43) == (
+        "evaluate 3/3 | accuracy 0.500 | took 0.4s"
+    )
+    assert line.format("meta-train", 1, 4, {"loss": 2.0}, 9.0) == (
+        "meta-train 1/4 | loss 2.000 | left 27s"
+    )
+    assert line.format("meta-train", 4, 4, {}, 185.2) == "meta-train 4/4 | took 3m05s"
+    assert line.format("meta-train", 4, 4, {}, 3725.0) == "meta-train 4/4 | took 1h02m"
