@@ -12,6 +12,7 @@ os.environ.setdefault("KSPIPE_DISABLE_PLUGIN_AUTOLOAD", "1")
 SHARED = {
     "modes": {
         "test_slurm.py",
+        "test_slurm_hosts.py",
         "test_launchers.py",
         "test_preemption.py",
         "test_scheduled_roles.py",

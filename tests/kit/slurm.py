@@ -36,9 +36,7 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubs
 #: One node: this host, 8 CPUs.  Several: nodes ``node1``, ``node2`` ... of 4 CPUs each, all
 #: this host, each its own slurmd at a loopback address of its own (127.0.0.<i>).
 ONE_NODE = "NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN"
-NODE = (
-    "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.{number} Port={port} CPUs=4 State=UNKNOWN"
-)
+NODE = "NodeName={name} NodeHostname={host} NodeAddr={address} Port={port} CPUs=4 State=UNKNOWN"
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo", "scontrol")
 
 
@@ -55,14 +53,19 @@ def slurm_missing() -> str | None:
 
 
 @contextlib.contextmanager
-def local_slurm(folder: Path, nodes: int = 1):
+def local_slurm(folder: Path, nodes: int = 1, network=None):
     """A Slurm cluster on loopback, configured under ``folder`` (nothing in /etc); yields
     the environment its commands need (``SLURM_CONF``).  Its daemons are stopped at the end.
 
     One node is this host with 8 CPUs, so that small jobs' steps run side by side.  With
     ``nodes`` > 1, each node (``node1``, ``node2`` ...) is a slurmd of its own on this host,
     at an address of its own (127.0.0.1, 127.0.0.2 ...), as a cluster of several machines
-    looks to a job: its node list, each node's ``NodeAddr``, steps placed on a node."""
+    looks to a job: its node list, each node's ``NodeAddr``, steps placed on a node.
+
+    ``network`` (a :class:`tests.kit.network.Network` of at least ``nodes`` hosts): node
+    ``i``'s slurmd runs in host ``i`` of it, at that host's address, and the controller in
+    the first host, so a job's steps run on the emulated hosts and talk over its links;
+    Slurm's commands must then run in a host of it (``network.hosts[0].run``)."""
     import socket
     import subprocess
     import time
@@ -73,19 +76,26 @@ def local_slurm(folder: Path, nodes: int = 1):
     (folder / "state").mkdir(exist_ok=True)
     host = socket.gethostname()
     ctld_port, slurmd_port, *ports = free_ports(2 + nodes)
-    names = [host] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
+    names = [host] if nodes == 1 and network is None else [f"node{i + 1}" for i in range(nodes)]
+    if network is not None:
+        places = [(h.address, _with_cgroups(h.command)) for h in network.hosts[:nodes]]
+        controller = f"{host}({network.hosts[0].address})"
+    else:
+        places = [(f"127.0.0.{i + 1}", lambda args: args) for i in range(nodes)]
+        controller = host
     lines = (
         [ONE_NODE.format(host=host)]
-        if nodes == 1
+        if len(names) == 1 and network is None
         else [
-            NODE.format(name=name, host=host, number=i + 1, port=port)
-            for i, (name, port) in enumerate(zip(names, ports))
+            NODE.format(name=name, host=host, address=address, port=port)
+            for name, (address, _), port in zip(names, places, ports)
         ]
     )
+    in_first = places[0][1]  # Slurm's commands, where the controller is reachable
     conf = folder / "slurm.conf"
     conf.write_text(
         SLURM_CONF.format(
-            host=host,
+            host=controller,
             folder=folder,
             ctld_port=ctld_port,
             slurmd_port=slurmd_port,
@@ -101,13 +111,15 @@ def local_slurm(folder: Path, nodes: int = 1):
             subprocess.run(
                 ["munged", "--force", f"--pid-file={munge_pid}"], check=True, capture_output=True
             )
-        subprocess.run(["slurmctld", "-f", str(conf)], check=True, capture_output=True)
-        for name in names:
-            subprocess.run(["slurmd", "-f", str(conf), "-N", name], check=True, capture_output=True)
+        subprocess.run(in_first(["slurmctld", "-f", str(conf)]), check=True, capture_output=True)
+        for name, (_, place) in zip(names, places):
+            subprocess.run(
+                place(["slurmd", "-f", str(conf), "-N", name]), check=True, capture_output=True
+            )
         deadline = time.monotonic() + 60
         while True:
             state = subprocess.run(
-                ["sinfo", "-h", "-o", "%t"],
+                in_first(["sinfo", "-h", "-o", "%t"]),
                 env=dict(os.environ, **env),
                 capture_output=True,
                 text=True,
@@ -122,7 +134,9 @@ def local_slurm(folder: Path, nodes: int = 1):
         yield env
     finally:
         subprocess.run(
-            ["scancel", "--full", "--user=root"], env=dict(os.environ, **env), capture_output=True
+            in_first(["scancel", "--full", "--user=root"]),
+            env=dict(os.environ, **env),
+            capture_output=True,
         )
         for pid_file in [
             *(folder / f"slurmd-{name}.pid" for name in names),
@@ -130,6 +144,21 @@ def local_slurm(folder: Path, nodes: int = 1):
             munge_pid,
         ]:
             stop_daemon(pid_file)
+
+
+def _with_cgroups(command):
+    """``command`` (a host's ``ip netns exec``), for a slurmd: ``ip netns exec`` mounts a
+    /sys of the host's network, without the machine's cgroup file systems, which slurmd
+    will not start without; they are mounted again there, as the machine has them (in the
+    command's own mount namespace: the machine's are untouched)."""
+    mounts = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            source, point, kind, options = line.split()[:4]
+            if point.startswith("/sys/fs/cgroup") and kind in ("tmpfs", "cgroup", "cgroup2"):
+                mounts.append(f"mkdir -p {point} && mount -t {kind} -o {options} {source} {point}")
+    script = " && ".join([*mounts, 'exec "$@"'])
+    return lambda args: command(["sh", "-c", script, "sh", *args])
 
 
 def stop_daemon(pid_file: Path, grace_s: float = 10.0) -> None:
