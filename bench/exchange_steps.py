@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 
-from kspipe.modes.ps.dense import ParameterExchange
 from kspipe.modes.ps.exchange import StrategyExchange
 from kspipe.modes.pserver import PserverRole
 from kspipe.modes.role import read_vars, write_vars
@@ -29,8 +28,8 @@ def main(strategy: str, params: int, steps: int, out: str) -> None:
 
     shapes = {"theta": [params]}
     role = PserverRole(dict(strategy=strategy))
-    if role.is_server():
-        ParameterExchange(shapes)
+    if role.is_server():  # its table, and its shard summer if the rounds use one
+        sync = StrategyExchange(role, shapes, strategy, k_steps=1)
         role.run_server(Quiet())
         return
     scope = paddle.static.Scope()

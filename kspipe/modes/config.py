@@ -20,6 +20,7 @@ class ModeConfig:
     strategy: str = "async"  # sync | async | geo (half_async is refused: Paddle 2.6.2 has none)
     k_steps: int = 1  # geo: local updates between rounds with the servers
     wait_push: bool = False  # async: wait until the servers apply each push (>= 100 ms a step)
+    shard_sum: bool = True  # sync, geo: sum part of each round beside the servers (3+ workers)
     host: Optional[str] = None  # this host's address when the endpoint lists name several hosts
     threads: Optional[int] = None  # math threads per worker; default: cores / workers on this host
     timeout_s: Optional[float] = None  # stop the job if it runs longer (seconds)

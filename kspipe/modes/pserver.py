@@ -56,6 +56,7 @@ def kspipe_assign_role(cfg, launcher):
                 strategy=cfg.cluster.strategy,
                 k_steps=cfg.cluster.k_steps,
                 wait_push=cfg.cluster.wait_push,
+                shard_sum=cfg.cluster.shard_sum,
             ),
             resumed_tables(cfg),
         )
@@ -153,6 +154,7 @@ class PserverRole(Role):
         strategy: str | None = None,
         k_steps: int | None = None,
         wait_push: bool | None = None,
+        shard_sum: bool | None = None,
     ) -> ParameterSync:
         c = self.cluster
         return self._register(
@@ -162,6 +164,7 @@ class PserverRole(Role):
                 strategy or c["strategy"],
                 k_steps or c.get("k_steps", 1),
                 c.get("wait_push", False) if wait_push is None else wait_push,
+                c.get("shard_sum", True) if shard_sum is None else shard_sum,
             )
         )
 

@@ -14,7 +14,6 @@ import sys
 
 import numpy as np
 
-from kspipe.modes.ps.dense import ParameterExchange
 from kspipe.modes.ps.exchange import StrategyExchange
 from kspipe.modes.pserver import PserverRole
 from kspipe.modes.role import read_vars, write_vars
@@ -32,8 +31,8 @@ def main(strategy: str, k_steps: int, rounds: int, out: str, wait_push: bool = T
     import paddle
 
     role = PserverRole(dict(strategy=strategy, k_steps=k_steps, wait_push=wait_push))
-    if role.is_server():
-        ParameterExchange(SHAPES)
+    if role.is_server():  # its table, and its shard summer if the rounds use one
+        sync = StrategyExchange(role, SHAPES, strategy, k_steps, wait_push=wait_push)
         role.run_server(QuietReporter())
         return
     w = role.worker_index()

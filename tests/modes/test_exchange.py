@@ -233,3 +233,30 @@ def test_sync_reptile_equals_one_process_over_the_workers_tasks(
         > 1e-3
     )
     assert metrics["tasks_per_s"] > 0 and metrics["worker1/tasks_per_s"] > 0
+
+
+def test_sync_with_shard_summers_equals_the_chain_alone(tmp_path, sync_common):
+    """3 workers, 2 servers: a fifth of each round's sum along the workers' chain, the rest
+    on a summer beside each server (their logs say which values), against the same job
+    with the chain alone: the same parameters, bit for bit.  (Three workers' float32
+    changes add exactly in float64 in any order: the order of addition is
+    test_sharded_sum.py's to check; this checks each value's sum and its way back.)"""
+    common = [
+        *sync_common,
+        "train.meta_batch=2",
+        "train.meta_iters=3",
+        "mode=pserver",
+        "workers=3",
+        "servers=2",
+        "cluster.strategy=sync",
+        "cluster.timeout_s=300",
+    ]
+    _, sharded = reptile_run(tmp_path, common, "sharded")
+    _, chain = reptile_run(tmp_path, common, "chain", "cluster.shard_sum=false")
+    assert sharded.keys() == chain.keys()
+    for name, value in chain.items():
+        np.testing.assert_array_equal(sharded[name], value, err_msg=name)
+    for s in (0, 1):
+        said = (tmp_path / "sharded" / "logs" / f"server.{s}.log").read_text()
+        assert f"server {s}: its shard summer sums values [" in said
+        assert "shard summer" not in (tmp_path / "chain" / "logs" / f"server.{s}.log").read_text()

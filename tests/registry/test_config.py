@@ -304,7 +304,7 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
 
 
 CLUSTER_KEYS = (
-    "strategy, k_steps, wait_push, host, threads, timeout_s, control_port, "
+    "strategy, k_steps, wait_push, shard_sum, host, threads, timeout_s, control_port, "
     "hosts_timeout_s, job_id, launcher, slurm_args, image"
 )
 
@@ -316,6 +316,7 @@ def test_the_cluster_group_is_the_modes_keys_then_the_launchers():
         "strategy": "async",
         "k_steps": 1,
         "wait_push": False,
+        "shard_sum": True,
         "host": None,
         "threads": None,
         "timeout_s": None,

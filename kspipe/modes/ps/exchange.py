@@ -27,7 +27,8 @@ dense parameters.  So kspipe drives the exchange itself over the servers' tables
     is held and goes with the next push, summed (as Paddle's own async communicator
     merges what its queue holds): about one push every two steps on loopback;
   - ``sync``: a round of all workers.  Their changes are summed in worker order
-    (:class:`kspipe.modes.summing.WorkerSum`); every worker goes on from
+    (:class:`kspipe.modes.summing.WorkerSum`, from 3 workers on shared with a summer
+    beside each server: :mod:`kspipe.modes.ps.sharded`); every worker goes on from
     ``theta - sum / workers``.  The servers get it when they are read (a checkpoint,
     the end): the first worker writes the last round back, and they confirm it.
     Nothing is lost and the same run gives the same parameters, bit for bit;
@@ -50,9 +51,9 @@ import time
 import numpy as np
 
 from kspipe.errors import ClusterError, ConfigError, check_integer
+from kspipe.modes.ps import sharded
 from kspipe.modes.ps.dense import ParameterExchange
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
-from kspipe.modes.summing import WorkerSum
 
 STRATEGIES = ("sync", "async", "geo")
 
@@ -83,7 +84,13 @@ class StrategyExchange(ParameterSync):
     changes_parameters = True
 
     def __init__(
-        self, role, shapes: dict, strategy: str, k_steps: int = 1, wait_push: bool = False
+        self,
+        role,
+        shapes: dict,
+        strategy: str,
+        k_steps: int = 1,
+        wait_push: bool = False,
+        shard_sum: bool = True,
     ):
         check_strategy(strategy, k_steps)
         self.role = role
@@ -94,6 +101,10 @@ class StrategyExchange(ParameterSync):
             self.k_steps = 1
         self.scope = None
         self.summing = None  # sync and geo: the workers' changes summed (WorkerSum)
+        self.shard_sum = shard_sum  # sync and geo: with the servers' summers, if it pays
+        self.summer = None  # a server's shard summer (its process), if the rounds use it
+        if strategy != "async" and shard_sum and role.is_server():
+            self.summer = sharded.start_summer(role, len(self.exchange.layout.weights))
         self.steps = 0  # updates since the last exchange
         self.pushed = 0  # async: this worker's pushes so far
         self.unapplied: list = []  # async: [(push number, change)] not begun everywhere
@@ -116,7 +127,8 @@ class StrategyExchange(ParameterSync):
         self.scope = scope
         write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
         if self.strategy != "async":
-            self.summing = WorkerSum(self.role)
+            size = len(self.exchange.layout.weights)
+            self.summing = sharded.worker_sum(self.role, size, self.shard_sum)
 
     def step(self, scope=None, values: dict | None = None) -> None:
         """After a local update (the parameters in ``scope``, or ``values``): exchange."""

@@ -1,0 +1,198 @@
+"""A shard summer: beside a parameter server, on its host, it sums one slice of every sync
+(and geo) round's array over the workers and sends the total slice back to each of them.
+
+Part of a round's array goes along the workers' chain (:mod:`kspipe.modes.summing`), the
+rest in slices to one summer per server (:mod:`kspipe.modes.ps.sharded` says which part,
+and why): the servers' links, idle in a sync round, then carry part of its bytes.
+
+Why a process of its own: Paddle's server loop (``fleet.run_server``) holds the Python
+interpreter's lock in C++, so a thread of the server's process would never run.  The
+server binds the listener on its own address, starts this module with it
+(:func:`launch`) and announces its port; the summer imports numpy and the standard
+library only.
+
+Every element is added in worker order, ``((v0 + v1) + v2) + ...``, in the array's dtype,
+as the chain adds: the total is the chain's bit for bit.  The slice moves a chunk at a
+time, so the totals of the first chunks go back while the later ones still come in.
+
+What a peer can make it do: a connection counts only once it names a worker index that
+no connection has named yet (any other is closed, and the summer goes on); no length is
+ever read from a peer (both sides know the slice's size).  It ends when its standard input
+closes (its server ended, however it ended), and when any worker's link closes or fails:
+at the job's end, or when a worker leaves mid-round; its links then close (once the totals
+already summed have gone out), so every other worker's round fails rather than waits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+HELLO = struct.Struct("!Q")  # the connecting worker's index (as kspipe.modes.summing's)
+#: A chunk: its total goes back once every worker's chunk is in, so a round's first
+#: total waits for ``workers`` chunks on the server's link; small keeps that short.
+CHUNK_BYTES = 1 << 15
+#: How long a connection may take to name itself.
+HELLO_TIMEOUT_S = 10.0
+#: Once one worker is in, how long the others may take to join.
+JOIN_TIMEOUT_S = 300.0
+#: How long the totals already summed may take to go out when the summer ends (a worker
+#: that takes none fails its round as the links close).
+DRAIN_TIMEOUT_S = 60.0
+
+
+class Left(Exception):
+    """A link closed (a worker left, or the job ended)."""
+
+
+def launch(
+    listener: socket.socket,
+    workers: int,
+    length: int,
+    dtype: str,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> subprocess.Popen:
+    """Start a summer on ``listener`` (bound and listening; this process's copy is closed)
+    for ``workers`` workers' slices of ``length`` values of ``dtype``.  It ends when the
+    returned process's standard input closes: keep the object while the summer is needed."""
+    fd = listener.fileno()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kspipe.modes.ps.summer",
+            str(fd),
+            str(workers),
+            str(length),
+            dtype,
+            str(chunk_bytes),
+        ],
+        stdin=subprocess.PIPE,
+        pass_fds=(fd,),
+    )
+    listener.close()
+    return process
+
+
+def accept_workers(listener: socket.socket, workers: int) -> list:
+    """One link from each worker, in index order: the first connection that names each
+    index; every other connection is closed."""
+    links: list = [None] * workers
+    listener.settimeout(None)  # the first worker comes when training starts
+    while None in links:
+        try:
+            peer, _ = listener.accept()
+        except TimeoutError as err:
+            raise Left(f"the workers did not all join within {JOIN_TIMEOUT_S:.0f} s") from err
+        peer.settimeout(HELLO_TIMEOUT_S)
+        try:
+            (named,) = HELLO.unpack(receive(peer, HELLO.size))
+        except (Left, OSError):
+            named = None
+        if named is not None and named < workers and links[named] is None:
+            peer.settimeout(None)
+            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            links[named] = peer
+            listener.settimeout(JOIN_TIMEOUT_S)
+        else:
+            peer.close()
+    listener.close()
+    return links
+
+
+def sum_rounds(links: list, length: int, dtype: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """Sum round after round until a link closes (raises :class:`Left`) or fails
+    (``OSError``).  The totals go back on a thread of their own, in the order summed."""
+    dtype = np.dtype(dtype)
+    step = max(1, chunk_bytes // dtype.itemsize)
+    chunks = [(at, min(at + step, length)) for at in range(0, length, step)]
+    scratch = np.empty(step, dtype)
+    outgoing: queue.Queue = queue.Queue()
+    failed: list = []
+    sender = threading.Thread(target=send_totals, args=(links, outgoing, failed), daemon=True)
+    sender.start()
+    try:
+        while not failed:
+            total = np.empty(length, dtype)  # a new one a round: the last may still be sending
+            for start, end in chunks:
+                into = total[start:end]
+                receive_into(links[0], into)
+                for link in links[1:]:
+                    other = scratch[: end - start]
+                    receive_into(link, other)
+                    np.add(into, other, out=into)
+                outgoing.put(into)
+        raise failed[0]
+    finally:  # the totals summed go out first: at the job's end, the first worker to
+        outgoing.put(None)  # leave ends the summer while the others still take theirs
+        sender.join(DRAIN_TIMEOUT_S)
+
+
+def send_totals(links: list, outgoing: queue.Queue, failed: list) -> None:
+    try:
+        while (chunk := outgoing.get()) is not None:
+            view = memoryview(chunk).cast("B")
+            for link in links:
+                link.sendall(view)
+    except OSError as err:
+        failed.append(err)
+        end_links(links)  # wakes the summing thread, blocked on a link
+
+
+def end_links(links: list) -> None:
+    """Shut and close every link: each worker's round fails at once (a shut link also wakes
+    a thread of this process blocked on it)."""
+    for link in links:
+        try:
+            link.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        link.close()
+
+
+def receive_into(link: socket.socket, out: np.ndarray) -> None:
+    view, got, size = memoryview(out).cast("B"), 0, out.nbytes
+    while got < size:
+        n = link.recv_into(view[got:], size - got)
+        if not n:
+            raise Left("a worker's link closed")
+        got += n
+
+
+def receive(link: socket.socket, size: int) -> bytes:
+    buffer = np.empty(size, np.uint8)
+    receive_into(link, buffer)
+    return buffer.tobytes()
+
+
+def main(argv: list) -> int:
+    fd, workers, length, dtype = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    chunk_bytes = int(argv[4]) if len(argv) > 4 else CHUNK_BYTES
+    listener = socket.socket(fileno=fd)
+
+    def end_with_server() -> None:
+        sys.stdin.buffer.read()  # returns when the server's end of the pipe closes
+        os._exit(0)
+
+    threading.Thread(target=end_with_server, daemon=True).start()
+    links: list = []
+    try:
+        links = accept_workers(listener, workers)
+        sum_rounds(links, length, dtype, chunk_bytes)
+    except (Left, OSError):  # the job's end, or a worker left: the workers tell which
+        pass
+    finally:
+        end_links([link for link in links if link is not None])
+    return 0
+
+
+if __name__ == "__main__":
+    # not through the interpreter's shutdown: its thread waiting on stdin would stop it
+    os._exit(main(sys.argv[1:]))

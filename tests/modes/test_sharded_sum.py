@@ -1,0 +1,216 @@
+"""The sync rounds' sum shared between the workers' chain and shard summers beside the
+servers (kspipe/modes/ps/sharded.py, kspipe/modes/ps/summer.py), on loopback: workers are
+threads of this process, each server's summer a real child process, announced through a
+real address book: exactly the sum in worker order, strangers kept out, and a worker that
+leaves fails every other worker's round."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from kspipe.cluster.addresses import AddressBook
+from kspipe.errors import ClusterError
+from kspipe.modes import summing
+from kspipe.modes.ps import sharded, summer
+from tests.modes.test_summing import Workers, in_worker_order
+
+
+class Job(Workers):
+    """``count`` workers' and ``servers`` servers' roles; the job's address book."""
+
+    def __init__(self, count: int, servers: int):
+        super().__init__(count)
+        self.servers = [f"127.0.0.1:{8000 + s}" for s in range(servers)]
+
+    def role(self, index: int, server: int = -1):
+        role = super().role(index)
+        role.get_pserver_endpoints = lambda: list(self.servers)
+        role.server_index = lambda: server
+        role.worker_num = lambda: self.count
+        return role
+
+
+@pytest.fixture
+def book(monkeypatch):
+    """The job's address book on loopback, named in the environment as Paddle's contract
+    names it."""
+    book = AddressBook(0, "127.0.0.1")
+    threading.Thread(target=book.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PADDLE_GLOO_RENDEZVOUS", "3")
+    monkeypatch.setenv("PADDLE_GLOO_HTTP_ENDPOINT", f"127.0.0.1:{book.server_address[1]}")
+    yield book
+    book.shutdown()
+    book.server_close()
+
+
+@pytest.fixture
+def summers():
+    """The summers started in a test; each ends as its server would (stdin closed)."""
+    started: list = []
+    yield started
+    for process in started:
+        if process is not None:
+            process.stdin.close()
+            process.wait(timeout=30)
+
+
+def start_servers(job: Job, size: int, summers: list, dtype="float64", chunk_bytes=None):
+    for s in range(len(job.servers)):
+        kwargs = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
+        summers.append(sharded.start_summer(job.role(-1, s), size, dtype, **kwargs))
+
+
+def run_workers(job: Job, rounds: list, dtype="float64") -> list:
+    """Each worker's result of each round (``rounds[r][w]``: worker w's array in round r)."""
+    results = [[None] * len(rounds) for _ in range(job.count)]
+    errors: list = []
+
+    def work(index: int) -> None:
+        try:
+            total = sharded.worker_sum(job.role(index), rounds[0][0].size, dtype=dtype)
+            assert isinstance(total, sharded.ShardedSum)
+            for r, arrays in enumerate(rounds):
+                results[index][r] = total.sum(arrays[index])
+            total.close()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(job.count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return results
+
+
+def test_the_split_lowers_the_busiest_links_bytes_from_three_workers():
+    """The chain's share f balances a middle worker's link, (1 + f) W, with a server's,
+    N (1 - f) W / M; two workers keep the chain alone."""
+    assert sharded.chain_fraction(2, 1) == sharded.chain_fraction(1, 1) == 1.0
+    assert sharded.chain_fraction(16, 8) == pytest.approx(1 / 3)
+    assert sharded.chain_fraction(3, 8) == 0.0  # more servers than workers: all on them
+    for workers, servers in [(3, 1), (3, 2), (16, 8), (16, 4), (5, 7)]:
+        f = sharded.chain_fraction(workers, servers)
+        middle, server = 1 + f, workers * (1 - f) / servers
+        assert max(middle, server) < 2.0  # the chain alone: 2 W
+        assert middle == pytest.approx(server) or f == 0.0
+    chain_end, slices = sharded.split(1003, 16, 8)
+    assert chain_end == 334 and slices[0] == (334, 418) and slices[-1] == (920, 1003)
+    assert [end - start for start, end in slices] == [84] * 5 + [83] * 3
+    assert sharded.split(10, 2, 1) == (10, [(10, 10)])
+
+
+@pytest.mark.parametrize(
+    "count,servers,dtype,chunk_bytes",
+    [
+        (3, 1, "float64", 1 << 15),  # the chain's share 1/2, one summer
+        (3, 2, "float64", 64),  # many chunks, a short last one
+        (5, 2, "float32", 8),  # a value a chunk; a collective's dtype
+        (4, 8, "float64", 1000),  # more servers than workers: no chain, all on summers
+    ],
+)
+def test_the_split_sums_in_worker_order_bit_for_bit(
+    monkeypatch, book, summers, count, servers, dtype, chunk_bytes
+):
+    """Values of very different magnitudes, so that another order of addition gives other
+    bits; the chain's chunks and the summers' of several sizes; two rounds of different
+    arrays; every worker gets the sum in worker order, in the arrays' dtype."""
+    monkeypatch.setattr(summing, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(count * 10 + servers)
+    rounds = [
+        [
+            (rng.standard_normal((37, 11)) * 10.0 ** rng.integers(-8, 8)).astype(dtype)
+            for _ in range(count)
+        ]
+        for _ in range(2)
+    ]
+    job = Job(count, servers)
+    start_servers(job, rounds[0][0].size, summers, dtype, chunk_bytes)
+    assert sum(process is not None for process in summers) == servers
+    results = run_workers(job, rounds, dtype)
+    for r, arrays in enumerate(rounds):
+        expected = in_worker_order(arrays)
+        assert not np.array_equal(expected, in_worker_order(arrays[::-1]))  # order shows
+        for w in range(count):
+            assert results[w][r].dtype == dtype and results[w][r].shape == (37, 11)
+            np.testing.assert_array_equal(results[w][r], expected, err_msg=f"{w} {r}")
+
+
+def test_two_workers_or_no_address_book_keep_the_chain_alone(monkeypatch, book, summers):
+    job = Job(2, 1)
+    start_servers(job, 100, summers)
+    assert summers == [None]
+    assert sharded.splits(Job(3, 1).role(0), 100)
+    monkeypatch.setenv("PADDLE_GLOO_RENDEZVOUS", "2")  # a folder: nowhere to announce
+    assert not sharded.splits(Job(3, 1).role(0), 100)
+
+
+def test_a_stranger_at_a_summers_listener_changes_nothing(summers):
+    """Connections that name no worker (garbage, an index beyond the workers, half a
+    greeting) or a worker already in are closed unread; the summer sums as without them."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    address = listener.getsockname()
+    summers.append(summer.launch(listener, 3, 1000, "float64", 256))
+
+    def greet(greeting: bytes) -> socket.socket:
+        link = socket.create_connection(address, timeout=30)
+        link.sendall(greeting)
+        return link
+
+    for greeting in (b"garbage!", summer.HELLO.pack(7), b"\x00"):
+        greet(greeting).close()
+    workers = {1: greet(summer.HELLO.pack(1))}
+    twin = greet(summer.HELLO.pack(1))  # after worker 1: turned away
+    assert twin.recv(1) == b""
+    twin.close()
+    workers[0], workers[2] = greet(summer.HELLO.pack(0)), greet(summer.HELLO.pack(2))
+    arrays = [np.full(1000, 10.0 ** (8 * w)) + np.arange(1000) / 3 for w in range(3)]
+    for w in (0, 1, 2):  # each worker's slice; the totals wait in each link
+        workers[w].sendall(arrays[w].tobytes())
+    for w in (0, 1, 2):
+        total = np.empty(1000)
+        summing.receive_into(workers[w], total)
+        np.testing.assert_array_equal(total, in_worker_order(arrays))
+        workers[w].close()
+    assert summers[0].wait(timeout=30) == 0  # the workers' links closed: the job's end
+
+
+@pytest.mark.parametrize("leaves", ["at once", "after its slices", "the server ends"])
+def test_a_worker_that_leaves_mid_round_fails_the_round_of_every_other(book, summers, leaves):
+    """Worker 2 of 3 (one summer: half the array on the chain) leaves after joining, at
+    once or after sending its slice; or server 0 ends: the others' round fails with an
+    error, none waits for ever, and the summer ends."""
+    job, errors, size = Job(3, 1), {}, 100_000
+    start_servers(job, size, summers)
+    joined = threading.Barrier(3, timeout=30)
+
+    def work(index: int) -> None:
+        total = sharded.worker_sum(job.role(index), size)
+        joined.wait()
+        try:
+            if index == 2 and leaves != "the server ends":
+                if leaves == "after its slices":
+                    for _, link, start, end in total.links:
+                        link.sendall(np.ones(end - start).tobytes())
+                total.close()
+                return
+            if index == 0 and leaves == "the server ends":
+                summers[0].stdin.close()
+            total.sum(np.ones(size))
+        except Exception as err:  # noqa: BLE001 - what each worker saw
+            errors[index] = err
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a worker still waits"
+    assert set(errors) == ({0, 1, 2} if leaves == "the server ends" else {0, 1})
+    assert all(isinstance(e, (ClusterError, OSError)) for e in errors.values()), errors
+    summers[0].wait(timeout=30)
