@@ -104,9 +104,11 @@ def main() -> None:
             f"{args.ids:,} ids on {args.servers} servers: tables {size / 2**20:.1f} MiB in "
             f"{len(manifest['files'])} files"
         )
-        written = seconds(r"checkpoint \S+ written in ([0-9.]+) s", trained.stderr)
+        written = seconds(r"checkpoint \S+: training waited ([0-9.]+) s", trained.stderr)
         loaded = seconds(r"tables loaded in ([0-9.]+) s", resumed.stderr)
-        print(f"  checkpoint written in {written:.2f} s, tables loaded in {loaded:.2f} s")
+        print(
+            f"  training waited {written:.2f} s for the checkpoint, tables loaded in {loaded:.2f} s"
+        )
         print(
             f"  test AUC saved {before['test_auc']:.6f}, restored {after['test_auc']:.6f}"
             f" (apart by {abs(before['test_auc'] - after['test_auc']):.1e}: the servers "

@@ -60,6 +60,8 @@ def kspipe_check_config(cfg):
         check_integer(size, f"ctr.hidden[{i}]", 1)
     check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
     check_number(cfg.datafeed.print_period_s, "datafeed.print_period_s", 0, above=True)
+    if cfg.train.checkpoint_minutes is not None:  # checked, though an epoch is ctr's unit
+        check_number(cfg.train.checkpoint_minutes, "train.checkpoint_minutes", 0, above=True)
 
 
 @hookimpl

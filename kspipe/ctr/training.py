@@ -66,23 +66,25 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     )
     role.barrier_worker()  # the clock starts on every worker together
     started = time.perf_counter()
-    for epoch in range(first_epoch, epochs):
-        files = make_dataset(dataset)
-        with monitor, printer:
-            executor.train_from_dataset(
-                program=programs.main,
-                dataset=files,
-                scope=scope,
-                thread=dataset.threads,
-                debug=bool(cfg.datafeed.profile),
-                fetch_list=list(programs.fetch.values()) or None,
-                fetch_info=names or None,
-                print_period=cfg.datafeed.print_period,
-            )
-        if dataset.kind == "in_memory":
-            files.release_memory()
-        monitor.report(epoch_done=epoch + 1)
-        save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1)
+    writer = checkpoint.Writer()
+    with writer:
+        for epoch in range(first_epoch, epochs):
+            files = make_dataset(dataset)
+            with monitor, printer:
+                executor.train_from_dataset(
+                    program=programs.main,
+                    dataset=files,
+                    scope=scope,
+                    thread=dataset.threads,
+                    debug=bool(cfg.datafeed.profile),
+                    fetch_list=list(programs.fetch.values()) or None,
+                    fetch_info=names or None,
+                    print_period=cfg.datafeed.print_period,
+                )
+            if dataset.kind == "in_memory":
+                files.release_memory()
+            monitor.report(epoch_done=epoch + 1)
+            save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1, writer)
     seconds = time.perf_counter() - started
     auc = monitor.auc()
     samples = per_epoch * (epochs - first_epoch)
@@ -102,13 +104,26 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     return metrics
 
 
-def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int) -> None:
+def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int, writer=None) -> None:
     """Every worker calls it after an epoch: the first writes the checkpoint, with the
     tables the mode keeps outside the workers (each server's shard) inside it, while the
-    others wait; nobody pushes the next epoch's updates before it is written."""
+    others wait; nobody pushes the next epoch's updates before the tables are written.
+    The rest of the checkpoint (the dense state, copied) is written on ``writer``'s thread
+    (:class:`kspipe.checkpoint.Writer`) while the next epoch trains.
+
+    ctr checkpoints after every epoch: ``train_from_dataset`` trains a whole epoch in one
+    C++ call, the smallest unit it gives back, so neither ``train.checkpoint_every`` nor
+    ``train.checkpoint_minutes`` can place a checkpoint in between."""
     started = time.perf_counter()
     role.settle_tables()
     if role.is_first_worker():
+        tables = []
+
+        def save_tables(folder):
+            began = time.perf_counter()
+            role.save_tables(folder)
+            tables.append(time.perf_counter() - began)
+
         path = checkpoint.save(
             programs.main,
             scope,
@@ -117,9 +132,13 @@ def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int) -> None:
             {"epoch": epoch},
             cfg.train.keep_checkpoints,
             cfg=cfg,
-            tables=role.save_tables,
+            tables=save_tables,
+            writer=writer,
         )
-        reporter.say(f"checkpoint {path} written in {time.perf_counter() - started:.2f} s")
+        reporter.say(
+            f"checkpoint {path}: training waited {time.perf_counter() - started:.2f} s "
+            f"(the servers' tables {sum(tables):.2f} s)"
+        )
     role.barrier_worker()
 
 

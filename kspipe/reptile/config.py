@@ -56,6 +56,9 @@ class TrainConfig:
     meta_step: float = 1.0  # meta step size at the start ...
     meta_step_final: float = 0.0  # ... annealed linearly to this
     checkpoint_every: int = 100  # meta-iterations between checkpoints (0: only at the end)
+    # minutes of wall-clock time between checkpoints, besides checkpoint_every (null: none;
+    # off by default: checkpoints placed by time fall at steps that differ from run to run)
+    checkpoint_minutes: Optional[float] = None
     keep_checkpoints: int = 2
 
 

@@ -47,6 +47,7 @@ class ReptileLearner(Adapter):
         self._train_lanes = None  # the lanes that share the meta-batch, made when first used
         self._gathering = None  # (each lane's gather, their combine), built when first used
         self._warming: list = []  # the lanes' first steps under way (warm_up)
+        self.writer = checkpoint.Writer()  # the first worker's checkpoints, written aside
 
     @property
     def eval_together(self):
@@ -236,8 +237,11 @@ class ReptileLearner(Adapter):
         In a cluster the first worker writes the model there; every other worker writes
         its own state (its inner optimiser's moments) to ``folder/worker-<i>/``, so a
         resumed cluster continues as the uninterrupted one would.  The others write theirs
-        first: a checkpoint that ``resume=`` finds has every worker's state beside it, even
-        when the job was stopped while they were writing.
+        first, whole: a checkpoint that ``resume=`` finds has every worker's state beside
+        it, even when the job was stopped while they were writing.  The first worker's
+        files are written on :attr:`writer`'s thread while training goes on (training
+        waits for the copy of the state only; ``with learner.writer:`` around training
+        waits for them at its end).
         """
         index = self.role.worker_index()
         self.role.settle_tables()  # the job's parameters, as the servers hold them
@@ -245,7 +249,7 @@ class ReptileLearner(Adapter):
         if index:
             folder = os.path.join(folder, f"worker-{index}")
 
-        def save():
+        def save(writer=None):
             return checkpoint.save(
                 self.p.train,
                 self.scope,
@@ -254,12 +258,13 @@ class ReptileLearner(Adapter):
                 {"meta_iteration": iteration, "tasks_done": self.tasks_done},
                 self.cfg.train.keep_checkpoints,
                 cfg=self.cfg,
+                writer=writer,
             )
 
         path = save() if index else None
         if self.role.worker_num() > 1:
             self.role.barrier_worker()
-        return path or save()
+        return path or save(self.writer)
 
     def load_checkpoint(self, path: str, key: str = "resume") -> int:
         """Load a checkpoint (or the newest one in a folder); returns its meta-iteration.

@@ -73,6 +73,8 @@ def kspipe_check_config(cfg):
         if cfg.train[key] not in allowed:
             raise ConfigError(f"train.{key}={cfg.train[key]!r} is not one of {', '.join(allowed)}")
     check_number(cfg.train.weight_decay, "train.weight_decay", 0, above=True)
+    if cfg.train.checkpoint_minutes is not None:
+        check_number(cfg.train.checkpoint_minutes, "train.checkpoint_minutes", 0, above=True)
     if cfg.get("evaluate") and (cfg.mode != "local" or cfg.resume):
         raise ConfigError(
             "evaluate=<run or checkpoint> evaluates in one process: it takes "

@@ -12,6 +12,7 @@ from contextlib import closing
 import numpy as np
 
 from kspipe import checkpoint, stopping
+from kspipe.checkpoint_schedule import Schedule
 from kspipe.errors import ClusterError
 from kspipe.fewshot.data import Prefetcher
 from kspipe.files import user_path
@@ -27,7 +28,9 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
 
     Worker w of W runs the global meta-iterations w, w+W, ...: round r is the
     meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
-    at the end of the rounds that cross ``train.checkpoint_every`` and at the end; the
+    at the end of the rounds that cross ``train.checkpoint_every``, at those that end
+    ``train.checkpoint_minutes`` of wall-clock time (:mod:`kspipe.checkpoint_schedule`:
+    the same round on every worker) and at the end; the
     first worker measures the learning curve and, once every worker finished
     (``role.finish_training``), runs the final evaluation and the baseline's.
     ``tasks_per_s`` is every worker's tasks over the wall-clock time of the training
@@ -61,7 +64,7 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     # the model training starts from, evaluated once training is done: no worker waits
     # for it, and the first meta-iteration comes seconds after the command
     untrained = learner.state() if first and start_iter == 0 and cfg.eval.baseline else None
-    with stopping.deferred(enabled=workers == 1):
+    with stopping.deferred(enabled=workers == 1), learner.writer:
         metrics = {}
         role.barrier_worker()  # the clock starts on every worker together
         started = time.perf_counter()
@@ -126,6 +129,7 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
     tasks_at_start = learner.tasks_done
     losses, shown = [], {}
     last_done = done = start_iter
+    schedule = Schedule(cfg.train.checkpoint_every, cfg.train.checkpoint_minutes, start_iter, role)
     with closing(Prefetcher(learner.train_tasks, todo, depth=3)) as feed:
         started = time.perf_counter()
         try:
@@ -148,12 +152,9 @@ def meta_train(learner: ReptileLearner, start_iter: int, ckpt_dir: str) -> tuple
                     and crossed(done, last_done, cfg.eval.interval)
                 ):
                     curve_point(learner, done, losses, shown)
-                if (
-                    cfg.train.checkpoint_every
-                    and done < rounds * workers
-                    and crossed(done, last_done, cfg.train.checkpoint_every)
-                ):
+                if done < rounds * workers and schedule.due(done):
                     learner.save_checkpoint(ckpt_dir, done)
+                learner.writer.check()  # a checkpoint that could not be written ends the run
                 last_done = done
                 stopping.check()
         except stopping.Preempted as stop:

@@ -45,6 +45,7 @@ def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):
     folder = tmp_path / "run" / "checkpoints"
     learner.save_checkpoint(str(folder), 1)
     path = learner.save_checkpoint(str(folder), 2)
+    learner.writer.wait()  # the first worker's files are written on the writer's thread
 
     assert os.listdir(folder) == ["checkpoint-0000002"]  # written whole, the older one gone
     saved = OmegaConf.load(os.path.join(path, "config.yaml"))
@@ -57,6 +58,7 @@ def test_a_write_that_stops_halfway_leaves_the_last_checkpoint_alone(tmp_path):
     learner = small_learner(tmp_path)
     folder = tmp_path / "run" / "checkpoints"
     learner.save_checkpoint(str(folder), 1)
+    learner.writer.wait()
 
     def interrupted(path):  # the servers' tables, when the stop request comes
         os.makedirs(path)
