@@ -3,7 +3,8 @@ server's shard of every table, a manifest beside them, a sparse table's rows as 
 
 The servers write and load their shards themselves, as :mod:`kspipe.modes.ps.tables` asks
 them to; this module knows the folder: the manifest written beside the shards, the checks
-before a load, and a sparse table's rows read or written as arrays.  It is in the core,
+before a load, a sparse table's rows read or written as arrays, and the shards split anew
+for another number of servers (:func:`reshard`).  It is in the core,
 not with the mode, because a run in any mode reads a saved run's rows to start from its
 model (:mod:`kspipe.incremental`), and a workload may not reach a mode.
 """
@@ -85,7 +86,7 @@ def read_table_rows(folder: str) -> dict:
 
     with open(os.path.join(folder, MANIFEST)) as f:
         saved = json.load(f)
-    check_manifest(folder, saved.get("servers"))
+    check_manifest(folder, None)
     if "rules" not in saved:
         raise ConfigError(
             f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "
@@ -179,10 +180,87 @@ def missing_shard(folder: str, layout: list, servers: int) -> str:
     return ""
 
 
-def check_manifest(folder: str, servers: int, layout: list | None = None) -> None:
+def reshard(source: str, target: str, servers: int, layout: list) -> str:
+    """The tables saved in ``source`` split anew for ``servers`` servers, written to
+    ``target`` (replaced); returns ``target``.  ``layout`` is the job's: it must be the
+    saved one but for the dense tables' slice widths, which follow the servers.
+
+    A server's file holds whole values, one a line, with their optimiser state (a sparse
+    row: its id, the accessor's show, click ... and the embed and embedx rules' state; a
+    dense value: the parameter and its moments), so the lines move as they are, never
+    parsed to numbers: a sparse row to server ``id % servers`` (one shard per server), a
+    dense table's values in order, in the slices Paddle's client cuts
+    (``size // servers + 1`` values each, the last one shorter).  Nothing is lost or
+    rounded again: the copy holds every line of the source once.
+    """
+    import gzip
+    import shutil
+
+    saved = read_manifest(source)
+    check_manifest(source, None)
+    check_same_tables(os.path.join(source, MANIFEST), saved.get("layout", []), layout)
+    partial = f"{target}.tmp"  # a copy cut short is never taken for a whole one
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    for table_id, kind, name, fea_dim, _, _ in layout:
+        if not kind.endswith(("SparseTable", "DenseTable")):
+            continue  # tables that hold no values (the barrier table)
+        shards = os.path.join(source, f"{table_id:03d}")
+        saved_files = [os.path.join(shards, file) for file in sorted(os.listdir(shards))]
+        split = os.path.join(partial, f"{table_id:03d}")
+        os.makedirs(split)
+        if kind == SPARSE_TABLE:  # row by row: a table may not fit in memory
+            outs = [
+                gzip.open(os.path.join(split, f"part-{s:03d}-{s:05d}.gz"), "wt", compresslevel=1)
+                for s in range(servers)
+            ]
+            try:
+                for file in saved_files:
+                    with gzip.open(file, "rt") as rows:
+                        for row in rows:
+                            outs[int(row.split(" ", 1)[0]) % servers].write(row)
+            finally:
+                for out in outs:
+                    out.close()
+            continue
+        values = []
+        for file in saved_files:
+            with gzip.open(file, "rt") as f:
+                values.extend(f)
+        if len(values) != fea_dim:
+            raise ConfigError(
+                f"{shards}: dense table {name} has {len(values)} values saved, the model {fea_dim}"
+            )
+        per = fea_dim // servers + 1
+        for s in range(servers):
+            with gzip.open(os.path.join(split, f"part-{s:03d}.gz"), "wt") as f:
+                f.writelines(values[s * per : (s + 1) * per])
+    write_manifest(partial, layout, servers, saved.get("rules", {}), saved.get("dense_pushes", 0))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(partial, target)
+    return target
+
+
+def check_same_tables(file: str, saved: list, layout: list) -> None:
+    """One line, naming ``file``, when the ``saved`` layout is not the job's ``layout``
+    but for the dense tables' widths of a slice (they follow the number of servers)."""
+
+    def tables(layout):
+        return [
+            tuple(t[:5]) + (None if t[1].endswith("DenseTable") else tuple(t[5]),) for t in layout
+        ]
+
+    if tables(saved) != tables(layout):
+        raise ConfigError(
+            f"{file}: the tables were saved by another model (another table "
+            f"layout: {saved} there, {[list(t) for t in layout]} here)"
+        )
+
+
+def check_manifest(folder: str, servers: int | None, layout: list | None = None) -> None:
     """One line, naming the file, for tables this job cannot load from ``folder`` (of
-    another number of servers, a shard missing or damaged, and, given the job's ``layout``,
-    of another model)."""
+    another number of ``servers`` than the job's, if given, a shard missing or damaged,
+    and, given the job's ``layout``, of another model)."""
     file = os.path.join(folder, MANIFEST)
     try:
         with open(file) as f:
@@ -193,12 +271,12 @@ def check_manifest(folder: str, servers: int, layout: list | None = None) -> Non
             f"({type(err).__name__}): was the checkpoint written by a "
             f"mode=pserver job?"
         ) from err
-    if saved.get("servers") != servers:
+    if servers is None:
+        servers = saved.get("servers")
+    if saved.get("servers") != servers:  # the job splits them anew first (reshard)
         raise ConfigError(
             f"{file}: the tables were saved by {saved.get('servers')} server(s), "
-            f"this job has {servers}: resume it with servers="
-            f"{saved.get('servers')}, or start a new run from it with "
-            f"init_from= (any number of servers)"
+            f"these files are for {servers}"
         )
     if layout is not None and [
         tuple(t[:5]) + (tuple(t[5]),) for t in saved.get("layout", [])

@@ -36,6 +36,7 @@ from kspipe.modes.config import ModeConfig
 from kspipe.modes.fused import append_scale, append_sum
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
+from kspipe.resizing import resize_line
 
 
 @hookimpl
@@ -380,6 +381,9 @@ class CollectiveJob(ClusterJob):
             "collective", cfg, workers, threads=cfg.cluster.threads, devices=self.devices
         )
         where = f"GPUs {self.devices}" if self.devices else "CPU, gloo"
+        resized = resize_line(cfg)
+        if resized:
+            reporter.say(resized)
         return self.launcher.run(
             cfg, reporter, plan, f"{len(plan)} collective worker(s) ({where})", hosts=self.hosts
         )

@@ -32,6 +32,7 @@ from kspipe.modes.job import ClusterJob
 from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.modes.ps.tables import FleetTables
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
+from kspipe.resizing import resize_line
 from kspipe.saved_tables import check_manifest
 
 
@@ -59,6 +60,7 @@ def kspipe_assign_role(cfg, launcher):
                 shard_sum=cfg.cluster.shard_sum,
             ),
             resumed_tables(cfg),
+            cfg.run_dir,
         )
     return PserverJob(cfg, launcher)
 
@@ -89,7 +91,7 @@ class PserverRole(Role):
 
     mode = "pserver"
 
-    def __init__(self, cluster: dict | None = None, resumed: str | None = None):
+    def __init__(self, cluster: dict | None = None, resumed: str | None = None, run_dir: str = "."):
         super().__init__()
         import paddle
         import paddle.distributed.fleet as fleet
@@ -100,6 +102,7 @@ class PserverRole(Role):
         self.fleet = fleet
         self.cluster = cluster or {"strategy": "async"}
         self.resumed = resumed  # the folder of the servers' tables the job resumes from
+        self.run_dir = run_dir
         fleet.init(MeetingRoleMaker(is_collective=False))
 
     # who am I
@@ -145,7 +148,7 @@ class PserverRole(Role):
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         self._gradients_for(optimizer)  # the tables of ``embedding``, fed by exe.run
         if feeding == "dataset":
-            return self._register(FleetTables(self, optimizer, self.resumed))
+            return self._register(FleetTables(self, optimizer, self.resumed, self.run_dir))
         return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))
 
     def parameter_sync(
@@ -208,7 +211,10 @@ class PserverJob(ClusterJob):
         cfg = self.cfg
         saved = resumed_tables(cfg)
         if saved:  # the servers' tables it would load: checked before any starts
-            check_manifest(saved, process_count(cfg.servers, "servers"))
+            check_manifest(saved, None)  # whole; split anew if the servers differ
+        resized = resize_line(cfg)
+        if resized:
+            reporter.say(resized)
         plan = self.launcher.plan(
             "pserver", cfg, cfg.workers, cfg.servers, threads=cfg.cluster.threads
         )

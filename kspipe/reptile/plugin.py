@@ -10,8 +10,9 @@ meta-iterations w, w+W, ..., so a cluster sees the tasks of a local run of that 
 from __future__ import annotations
 
 import functools
+import os
 
-from kspipe import hookimpl
+from kspipe import checkpoint, hookimpl
 from kspipe.compiling import build_options, compile_options, compile_with, use_onednn
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_keys, check_number
@@ -21,6 +22,28 @@ from kspipe.reptile.lanes import program_sizes, train_sizes
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 from kspipe.reptile.training import train_and_evaluate
+from kspipe.resizing import resumed, size
+
+
+def check_resumed_size(cfg) -> None:
+    """A checkpoint resumed on another number of workers must end a round of theirs.
+
+    Worker w of W runs the meta-iterations w, w+W, ... in rounds of W (a sync exchange
+    is a round that every worker joins, and the meta step anneals by rounds), so W
+    workers go on from a meta-iteration that is a multiple of W: each of them then has
+    its share of every round, as in a job that had run at that size all along."""
+    found = resumed(cfg)
+    if found is None or found[1][0] == size(cfg)[0]:
+        return
+    path, workers = found[0], size(cfg)[0]
+    done = checkpoint.read_progress(path, f"resume={cfg.resume}").get("meta_iteration", 0)
+    if done % workers:
+        raise ConfigError(
+            f"resume={cfg.resume}: {os.path.basename(path)} ends meta-iteration {done}, "
+            f"and {workers} workers run rounds of {workers} meta-iterations from 0: "
+            f"resume it on a number of workers that divides {done}, or resume "
+            f"another checkpoint"
+        )
 
 
 @hookimpl
@@ -80,6 +103,7 @@ def kspipe_check_config(cfg):
             "evaluate=<run or checkpoint> evaluates in one process: it takes "
             "mode=local and no resume"
         )
+    check_resumed_size(cfg)
     tail = cfg.train.foml_tail
     if tail is not None:
         check_integer(tail, "train.foml_tail", 1)

@@ -1,8 +1,10 @@
 """ctr on parameter servers, checkpointed: every server's shard of the tables in each
 checkpoint, a job resumed on the servers, a cluster's model continued in one process and
-back, damaged or mismatched tables and a server killed mid-checkpoint, each one line or the
+back, a job resumed on other numbers of workers and servers (the tables split anew),
+damaged or mismatched tables and a server killed mid-checkpoint, each one line or the
 last whole checkpoint."""
 
+import gzip
 import json
 import math
 import os
@@ -14,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from kspipe.saved_tables import check_manifest, reshard
 from kspipe.testing import assert_one_line_error, run_kspipe
 from tests.kit import (
     CTR_LINES,
@@ -117,8 +120,58 @@ def test_damaged_or_mismatched_server_tables_are_one_line(on_servers):
         f.truncate(manifest["files"][name] // 2)
     result = run("from-damaged", "ctr.epochs=1", f"resume={damaged}", ok=False)
     assert_one_line_error(result, f"{saved / 'tables' / name}: a server's table shard is damaged")
-    result = run("other-servers", "ctr.epochs=1", "servers=1", f"resume={tmp / 'one'}", ok=False)
-    assert_one_line_error(result, "the tables were saved by 2 server(s), this job has 1")
+
+
+def shard_lines(folder) -> dict:
+    """``{file name: its lines}`` of a table's shards."""
+    lines = {}
+    for file in sorted(os.listdir(folder)):
+        with gzip.open(os.path.join(folder, file), "rt") as f:
+            lines[file] = f.readlines()
+    return lines
+
+
+def test_a_resume_on_other_numbers_splits_the_tables_anew(on_servers, tmp_path):
+    """The 2-server checkpoint split for 3 servers holds every saved line (a row with its
+    accessor values and Adam state, a dense value with its moments) once, on the server
+    the new layout gives it; a job of 3 workers and 1 server resumed from it scores as
+    the saved run did."""
+    tmp, run = on_servers
+    (saved,) = (tmp / "one" / "checkpoints").iterdir()
+    manifest = json.loads((saved / "tables" / "manifest.json").read_text())
+    layout = [tuple(t[:5]) + (tuple(t[5]),) for t in manifest["layout"]]
+    split = reshard(str(saved / "tables"), str(tmp_path / "three"), 3, layout)
+    check_manifest(split, 3, layout)
+    assert (
+        json.loads((tmp_path / "three" / "manifest.json").read_text())["dense_pushes"]
+        == (manifest["dense_pushes"])
+    )
+    for table_id, kind, name, fea_dim, _, _ in layout:
+        if not kind.endswith(("SparseTable", "DenseTable")):
+            continue
+        before = shard_lines(saved / "tables" / f"{table_id:03d}")
+        after = shard_lines(tmp_path / "three" / f"{table_id:03d}")
+        if kind == "MemorySparseTable":
+            assert list(after) == [f"part-{s:03d}-{s:05d}.gz" for s in range(3)], name
+            for server, lines in enumerate(after.values()):
+                assert all(int(line.split()[0]) % 3 == server for line in lines), name
+            assert sorted(sum(after.values(), [])) == sorted(sum(before.values(), [])), name
+        else:  # the values in order, in slices of fea_dim // 3 + 1
+            assert list(after) == [f"part-{s:03d}.gz" for s in range(3)], name
+            per = fea_dim // 3 + 1
+            assert [len(v) for v in after.values()] == [per, per, fea_dim - 2 * per], name
+            assert sum(after.values(), []) == sum(before.values(), []), name
+
+    score = json.loads((tmp / "one" / "metrics.json").read_text())["test_auc"]
+    resized = run("resized", "ctr.epochs=1", "workers=3", "servers=1", f"resume={tmp / 'one'}")
+    assert (
+        f"kspipe: resumes {saved.name} of 2 workers and 2 servers on 3 workers and 1 "
+        f"server; tables re-sharded\n"
+    ) in resized.stderr
+    restored = json.loads((tmp / "resized" / "metrics.json").read_text())
+    assert restored["train_instances"] == 0  # nothing left to train: the tables as saved
+    assert restored["test_auc"] == pytest.approx(score, abs=1e-6)
+    assert not (tmp / "resized" / "resharded-tables").exists()
 
 
 def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):

@@ -17,10 +17,13 @@ from kspipe.saved_tables import (
     check_manifest,
     missing_shard,
     read_manifest,
+    reshard,
     write_manifest,
     write_table_rows,
 )
 
+#: The run folder's copy of resumed tables split anew for this job's servers, while they load.
+RESHARDED = "resharded-tables"
 #: A worker's dense pushes so far (an ``increment`` op in its program, once per batch).
 PUSHES = "_kspipe_dense_pushes"
 #: Paddle 2.6.2's dense tables apply Adam with betas of their own (``DAdam``: 0.9 and
@@ -50,9 +53,10 @@ def pushes_counted(scope) -> float:
 class FleetTables(ParameterSync):
     """Fleet's own async transpiling, for workloads trained with ``train_from_dataset``."""
 
-    def __init__(self, role, optimizer, resumed: str | None = None):
+    def __init__(self, role, optimizer, resumed: str | None = None, run_dir: str = "."):
         self.role, self._inner = role, optimizer
         self.resumed = resumed  # the tables the job resumes from (their folder), if any
+        self.run_dir = run_dir  # where tables saved by another number of servers are split
         self.connected = False
         self.pushes = 0  # the dense pushes every worker made since the tables were new
         self.counted = 0.0  # this worker's counter when the count was last taken
@@ -158,11 +162,22 @@ class FleetTables(ParameterSync):
 
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
-        then takes their dense part."""
+        then takes their dense part.  Tables saved by another number of servers are split
+        anew for this job's first (:func:`kspipe.saved_tables.reshard`, into the run
+        folder, removed once the servers have read them)."""
         self.role.barrier_worker()
         if self.role.is_first_worker():
-            check_manifest(folder, len(self.role.get_pserver_endpoints()), self.layout())
-            self.role.fleet.fleet._runtime_handle._worker.load_model(folder, 0)
+            servers = len(self.role.get_pserver_endpoints())
+            check_manifest(folder, None)  # whole, as saved
+            split, loaded = None, folder
+            if read_manifest(folder)["servers"] != servers:
+                loaded = split = reshard(
+                    folder, os.path.join(self.run_dir, RESHARDED), servers, self.layout()
+                )
+            check_manifest(loaded, servers, self.layout())
+            self.role.fleet.fleet._runtime_handle._worker.load_model(loaded, 0)
+            if split:  # load_model returns once every server has read its files
+                shutil.rmtree(split, ignore_errors=True)
         self.role.barrier_worker()
         pull_all_dense(self.role.fleet)
         self.pushes = read_manifest(folder).get("dense_pushes", 0)

@@ -8,7 +8,11 @@ often each id comes (a few often, most rarely).  ``bags.nan_from`` gives one wor
 targets from a step on, so its loss goes NaN there.  The run writes its parameters to
 ``<run_dir>/params.npz`` for the tests to compare, and its model as OpenKS's
 ``save_persistables`` does (``<run_dir>/persistables.pd*``: the optimiser's state in
-``.pdopt``), which ``init_from=`` reads.
+``.pdopt``), which ``init_from=`` reads.  ``bags.checkpoint_every`` epochs it writes a
+checkpoint, each worker's optimiser state of its own beside the first's
+(``checkpoints/worker-<i>/``), and ``resume=`` goes on from one on any number of workers
+that the global batch divides among: each takes its slice of every batch anew, and a
+worker the checkpoint has no state for starts from the first worker's.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kspipe import hookimpl
+from kspipe import checkpoint, hookimpl
 from kspipe.contracts import Workload
+from kspipe.errors import ConfigError
+from kspipe.files import user_path
 from kspipe.incremental import start_from
 
 NAME = "bags"
@@ -44,6 +50,7 @@ class BagsConfig:
     nan_from: int = 0  # from this step on, worker nan_worker's targets are NaN; 0: never
     nan_worker: int = 0
     seed: int = 0
+    checkpoint_every: int = 0  # epochs between checkpoints (0: none)
 
 
 @hookimpl
@@ -54,6 +61,21 @@ def kspipe_config_dirs():
 @hookimpl
 def kspipe_config_schemas():
     return {NAME: BagsConfig}
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    """Every worker takes an equal slice of each global batch, at any size a job starts or
+    resumes at."""
+    if cfg.stages.program != NAME or cfg.get("mode", "local") == "local":
+        return
+    from kspipe.cluster.endpoints import process_count
+
+    workers = process_count(cfg.workers, "workers")
+    if cfg.bags.batch_size % workers:
+        raise ConfigError(
+            f"bags.batch_size={cfg.bags.batch_size} does not divide among {workers} workers"
+        )
 
 
 @hookimpl
@@ -176,12 +198,13 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     workers, index = role.worker_num(), role.worker_index()
     share = c.batch_size // workers
     executor.run(programs.startup, scope=scope)
+    first = resume(cfg, role, programs.main, scope, reporter) if cfg.resume else 0
     start = start_from(cfg, programs.main, scope, reporter.run_dir, reporter)
     role.init_worker(scope)
     start.load_tables(role)
     batches = c.train_points // c.batch_size
     seen, started = 0, time.perf_counter()
-    for epoch in range(c.epochs):
+    for epoch in range(first, c.epochs):
         order = np.random.default_rng([c.seed, epoch]).permutation(c.train_points)
         for b in range(batches):
             rows = order[b * c.batch_size : (b + 1) * c.batch_size][
@@ -196,6 +219,8 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             )
             seen += len(rows)
             reporter.progress("train", step, c.epochs * batches, {"loss": float(np.mean(loss))})
+        if c.checkpoint_every and (epoch + 1) % c.checkpoint_every == 0:
+            save_checkpoint(cfg, role, programs.main, scope, reporter, epoch + 1)
     seconds = time.perf_counter() - started
     role.finish_training(scope)
     metrics = {"samples_per_s": float(sum(role.all_gather(seen / seconds)))}
@@ -217,6 +242,39 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             paddle.static.save(programs.main, os.path.join(reporter.run_dir, "persistables"))
         reporter.metrics(metrics, step=c.epochs * batches)
     return metrics
+
+
+def save_checkpoint(cfg, role, program, scope, reporter, epoch: int) -> None:
+    """Every worker after ``epoch``: the first writes the model, each other its own state
+    (its optimiser's moments) into ``checkpoints/worker-<i>/``, before the first."""
+    role.settle_tables()
+    folder, index = os.path.join(reporter.run_dir, "checkpoints"), role.worker_index()
+    if index:
+        folder = os.path.join(folder, f"worker-{index}")
+
+    def save():
+        checkpoint.save(program, scope, folder, epoch, {"epoch": epoch}, 2, cfg)
+
+    if index:
+        save()
+    role.barrier_worker()
+    if not index:
+        save()
+    role.barrier_worker()
+
+
+def resume(cfg, role, program, scope, reporter) -> int:
+    """Before ``init_worker``: the checkpoint's model (the first worker's become the
+    job's), then this worker's own state if the checkpoint has one; its epoch."""
+    epoch = checkpoint.load(program, scope, cfg.resume)["epoch"]
+    index = role.worker_index()
+    found = checkpoint.latest(user_path(cfg.resume))
+    own = os.path.join(os.path.dirname(found), f"worker-{index}", os.path.basename(found))
+    if index and os.path.isdir(own):
+        checkpoint.load(program, scope, own)
+    elif index:
+        reporter.say(f"worker {index}: starts from the first worker's optimiser state")
+    return epoch
 
 
 @hookimpl
