@@ -25,6 +25,7 @@ from contextlib import contextmanager, suppress
 
 import numpy as np
 
+from kspipe import heartbeat
 from kspipe.errors import ConfigError, StorageError, first_line, storage_error
 from kspipe.files import user_path
 
@@ -62,7 +63,7 @@ def save(
     if writer is not None:
         writer.wait()  # one write at a time; an earlier write's error surfaces here
     shutil.rmtree(tmp, ignore_errors=True)
-    with _written(tmp, final):
+    with _written(tmp, final), heartbeat.phase("writing a checkpoint"):
         os.makedirs(tmp)
         if tables is not None:
             tables(os.path.join(tmp, TABLES))

@@ -31,6 +31,12 @@ class ClusterError(KspipeError):
     exit_code = 3
 
 
+class Stalled(ClusterError):
+    """A process of a distributed job made no progress for ``cluster.stall_seconds``
+    (stopped, deadlocked, or waiting on one that is): its launcher stopped the job
+    (kspipe/launchers/stalls.py)."""
+
+
 class StorageError(KspipeError):
     """A disk refused a write: full, over its quota, read-only or failing."""
 

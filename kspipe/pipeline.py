@@ -23,10 +23,21 @@ from omegaconf import open_dict
 from pluggy import PluginManager
 
 from kspipe import config as kconfig
-from kspipe import incremental, job
+from kspipe import heartbeat, incremental, job
 from kspipe.errors import ConfigError, storage_error
 from kspipe.plugin_manager import STAGES, get_plugin_manager, implementers
 from kspipe.reporting import Reporter, say
+
+#: What a process of a cluster job does in each stage, for its launcher's watch of stalls
+#: (kspipe/heartbeat.py); the role stage waits for the job's other processes to meet.
+PHASES = {
+    "role": ("joining the job", True),
+    "dataset": ("reading the dataset",),
+    "program": ("building the program",),
+    "compile": ("compiling",),
+    "execute": ("training",),
+    "save": ("saving the model",),
+}
 
 
 def run(cfg, pm=None, workload=None) -> dict:
@@ -172,7 +183,8 @@ class Stages:
         hook = self.pm.hook
         hook.kspipe_before_stage(stage=stage, cfg=self.cfg)
         try:
-            result = self.callers[stage](**kwargs)
+            with heartbeat.phase(*PHASES.get(stage, (stage,))):
+                result = self.callers[stage](**kwargs)
         except BaseException as error:
             hook.kspipe_on_stage_error(stage=stage, cfg=self.cfg, error=error)
             raise

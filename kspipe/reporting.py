@@ -7,6 +7,7 @@ import numbers
 import sys
 import threading
 
+from kspipe import heartbeat
 from kspipe.errors import NonFiniteError
 
 
@@ -36,6 +37,7 @@ class Reporter:
 
     def progress(self, task: str, step: int, total: int, values: dict | None = None) -> None:
         values = values or {}
+        heartbeat.step(task, step)  # progress, for the launcher's watch of stalls
         if self._finite(values, f"at {task} step {step}"):
             self._hook.kspipe_progress(task=task, step=step, total=total, values=values)
 

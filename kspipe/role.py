@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kspipe import heartbeat
 from kspipe.errors import ConfigError
 
 
@@ -151,22 +152,25 @@ class Role:
     def init_worker(self, scope=None) -> None:
         """After the startup program: meet the other processes; ``scope`` then holds the
         job's shared starting parameters."""
-        for sync in self._syncs:
-            sync.connect(_scope(scope))
+        with heartbeat.phase("meeting the other workers", waiting=True):
+            for sync in self._syncs:
+                sync.connect(_scope(scope))
 
     def finish_training(self, scope=None) -> None:
         """After the training loop: wait for every worker; ``scope`` then holds the model
         all of them trained."""
-        for sync in self._syncs:
-            sync.finish(_scope(scope))
+        with heartbeat.phase("finishing training with the other workers", waiting=True):
+            for sync in self._syncs:
+                sync.finish(_scope(scope))
 
     # --- tables kept outside the workers (the parameter servers') --------------------
 
     def settle_tables(self) -> None:
         """Every worker calls it: return once every worker's updates are in the job's tables
         (then the first worker may save them with :meth:`save_tables`)."""
-        for sync in self._syncs:
-            sync.settle()
+        with heartbeat.phase("settling the tables with the other workers", waiting=True):
+            for sync in self._syncs:
+                sync.settle()
 
     def save_tables(self, folder: str) -> None:
         """The first worker, after :meth:`settle_tables`: write the tables kept outside the
@@ -203,8 +207,9 @@ class Role:
         ``clean``: the run succeeded, so wait for the other workers to leave too; after a
         failure leave at once (the launcher stops the rest).
         """
-        for sync in self._syncs:
-            sync.close(clean)
+        with heartbeat.phase("leaving the job with the other workers", waiting=True):
+            for sync in self._syncs:
+                sync.close(clean)
         self._syncs.clear()
 
     def run_server(self, reporter) -> None:

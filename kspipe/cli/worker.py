@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     prepare_process(role=True)  # first: before any thread starts and Paddle loads
     from omegaconf import OmegaConf
 
-    from kspipe import stopping
+    from kspipe import heartbeat, stopping
     from kspipe.errors import KspipeError, print_error
     from kspipe.pipeline import run
 
@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kspipe.cli.worker <job.yaml>", file=sys.stderr)
         return 2
     stopping.end_quickly()
+    heartbeat.start()  # where it is, for the launcher (kspipe/launchers/stalls.py)
     try:
         stopping.install()
         cfg = OmegaConf.load(argv[0])
@@ -35,6 +36,8 @@ def main(argv: list[str]) -> int:
     except stopping.Preempted as stop:
         print_error(f"stopped by {stop.name}")
         return stop.exit_code
+    finally:
+        heartbeat.end()
     return 0
 
 

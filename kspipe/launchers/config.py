@@ -22,6 +22,10 @@ class LauncherConfig:
     # a job across hosts: the first host's launcher listens here (default: worker 0's port + 2)
     control_port: Optional[int] = None
     hosts_timeout_s: float = 300.0  # ... and fails if another host's launcher has not come
+    # a process that makes no progress (no step, no exchange, no phase begun or ended) for
+    # this long counts as failed and the job is stopped (kspipe/launchers/stalls.py); null:
+    # never.  Longer than any phase of a healthy job without a step.
+    stall_seconds: Optional[float] = 600.0
     # the job's id, for processes a scheduler starts: they share outputs/job-<id> (default:
     # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
     job_id: Optional[str] = None

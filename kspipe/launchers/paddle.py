@@ -32,6 +32,7 @@ from kspipe.cluster.plan import Planned
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
 from kspipe.launchers.processes import ProcessLauncher
+from kspipe.launchers.stalls import StallWatch
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 
 #: How long the roles may take to save their state and exit when the job is stopped.
@@ -66,7 +67,9 @@ class PaddleLauncher(ProcessLauncher):
             "paddle-launch", 0, environment(plan), launch_command(plan, run_dir, logs), cwd=logs
         )
         try:
-            watch(launcher.popen, follow, cfg.cluster.timeout_s, logs)
+            stall_s = cfg.cluster.get("stall_seconds")
+            stalls = StallWatch(logs, stall_s) if stall_s else None
+            watch(launcher.popen, follow, cfg.cluster.timeout_s, logs, stalls)
         except BaseException:
             stop_roles(launcher.popen.pid)
             raise
@@ -113,11 +116,19 @@ def environment(plan: list[Planned]) -> dict:
     return {k: v for k, v in worker.env.items() if not k.startswith(PADDLE_SETS)}
 
 
-def watch(launcher, follow: "Follower", timeout_s, logs: str) -> None:
-    """Show worker 0's progress until Paddle's launcher exits; raise at ``timeout_s``."""
+def watch(launcher, follow: "Follower", timeout_s, logs: str, stalls=None) -> None:
+    """Show worker 0's progress until Paddle's launcher exits; raise at ``timeout_s``, or
+    when ``stalls`` (a :class:`kspipe.launchers.stalls.StallWatch`) finds a role stalled
+    (a stopped one killed first: the roles are stopped with SIGTERM, which waits)."""
     deadline = None if timeout_s is None else time.monotonic() + float(timeout_s)
     while launcher.poll() is None:
         follow.echo()
+        stalled = stalls and stalls.check(  # "worker 1": workerlog.1
+            log_of=lambda name: os.path.join(logs, name.replace(" ", "log."))
+        )
+        if stalled:
+            stalls.kill_stopped()
+            raise stalled
         if deadline is not None and time.monotonic() > deadline:
             raise ClusterError(
                 f"the job did not finish within cluster.timeout_s="

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from kspipe import hookimpl
 from kspipe.cluster.plan import Planned, launch_plan
+from kspipe.errors import ConfigError
 from kspipe.launchers.config import LauncherConfig
 from kspipe.launchers.watcher import run_cluster
 
@@ -75,6 +76,17 @@ class ProcessLauncher:
 def kspipe_config_schemas():
     """The launchers' keys of the cluster group (the modes' are theirs)."""
     return {"cluster": LauncherConfig}
+
+
+@hookimpl
+def kspipe_check_config(cfg):
+    """The launchers' keys whose ranges no type says."""
+    stall = cfg.cluster.get("stall_seconds")
+    if stall is not None and stall <= 0:
+        raise ConfigError(
+            f"cluster.stall_seconds={stall:g} must be more than 0 (null: never stop a job "
+            f"for making no progress)"
+        )
 
 
 @hookimpl

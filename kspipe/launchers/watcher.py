@@ -24,6 +24,8 @@ from omegaconf import OmegaConf
 
 from kspipe import checkpoint
 from kspipe.errors import ClusterError
+from kspipe.heartbeat import DIR_ENV
+from kspipe.launchers import stalls
 from kspipe.launchers.hosts import STOPPED
 
 JOB_FILE = "job.yaml"
@@ -78,9 +80,10 @@ class Cluster:
         log_path = os.path.join(self.log_dir, f"{role}.{index}.log")
         log = open(log_path, "w", buffering=1)
         cmd = command or worker_command(self.run_dir)
+        stalls.forget(self.log_dir, role, index)  # an earlier start's, in the same folder
         popen = subprocess.Popen(
             cmd,
-            env=env,
+            env={**env, DIR_ENV: self.log_dir},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -99,10 +102,14 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def wait(self, timeout_s: float | None = None, poll_s: float = 0.2, check=None) -> None:
+    def wait(
+        self, timeout_s: float | None = None, poll_s: float = 0.2, check=None, stall_s=None
+    ) -> None:
         """Return when every worker exited 0 (servers are then stopped); raise on a failure,
-        or when ``check()`` names one elsewhere (another host's)."""
+        when ``check()`` names one elsewhere (another host's), or when a process made no
+        progress for ``stall_s`` (:mod:`kspipe.launchers.stalls`)."""
         started = time.monotonic()
+        watch = stalls.StallWatch(self.log_dir, stall_s) if stall_s else None
         while True:
             failure = check() if check is not None else None
             if failure:
@@ -118,6 +125,14 @@ class Cluster:
                 return
             if not workers and all(p.popen.poll() == 0 for p in self.processes):
                 return
+            stalled = watch and watch.check(
+                {p.name: p.popen.poll() is None for p in self.processes},
+                {p.name: p.log for p in self.processes}.get,
+            )
+            if stalled:
+                watch.kill_stopped()  # also one that srun started, whose pid is not popen's
+                self.stop()
+                raise stalled
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.stop()
                 raise ClusterError(
@@ -161,10 +176,12 @@ class Cluster:
         self.stop()
 
     def stop(self) -> None:
-        """Terminate every process still running (and its children); kill after a grace."""
+        """Terminate every process still running (and its children); kill after a grace,
+        and at once one that is stopped (SIGSTOP: SIGTERM would wait for a SIGCONT)."""
         for p in self.processes:
             if p.popen.poll() is None:
-                _signal_group(p.popen, signal.SIGTERM)
+                stopped = stalls.is_stopped(p.popen.pid)
+                _signal_group(p.popen, signal.SIGKILL if stopped else signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for p in self.processes:
             while p.popen.poll() is None and time.monotonic() < deadline:
@@ -288,7 +305,11 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
             cluster.start(
                 p.role, p.index, p.env, launcher.command(p, command) if launcher else command
             )
-        cluster.wait(cfg.cluster.timeout_s, check=link.failure if link else None)
+        cluster.wait(
+            cfg.cluster.timeout_s,
+            check=link.failure if link else None,
+            stall_s=cfg.cluster.get("stall_seconds"),
+        )
         if link and not hosts.is_first:  # this host's part ended well; did the job?
             failure = link.outcome(cfg.cluster.timeout_s)
             if failure:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kspipe import hookimpl
+from kspipe import heartbeat, hookimpl
 from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
@@ -146,7 +146,8 @@ class CollectiveRole(Role):
             scope = paddle.static.Scope()
             write_vars(scope, {"value": value})
             program = reduce_program({"value": (value.shape, value.dtype)}, f"c_allreduce_{mode}")
-            paddle.static.Executor(paddle.CPUPlace()).run(program, scope=scope)
+            with heartbeat.phase("in the workers' all-reduce", waiting=True):
+                paddle.static.Executor(paddle.CPUPlace()).run(program, scope=scope)
             value = read_vars(scope, ["value"])["value"]
         np.copyto(np.asarray(output), value.reshape(np.shape(output)))
 
@@ -159,13 +160,16 @@ class CollectiveRole(Role):
 
     def barrier_worker(self) -> None:
         if self.gloo is not None:
-            self.gloo.barrier()
+            with heartbeat.phase("at the workers' barrier", waiting=True):
+                self.gloo.barrier()
 
     def chain_sum(self, values: np.ndarray) -> np.ndarray:
         """``values`` summed over the workers in worker order along their chain of kspipe's
         own sockets (made at :meth:`init_worker`, or else at the first call, which every
         worker makes in step)."""
-        return self._chain().sum(values)
+        chain = self._chain()
+        with heartbeat.phase("in the workers' sum", waiting=True):
+            return chain.sum(values)
 
     def _chain(self):
         if self.chain is None:

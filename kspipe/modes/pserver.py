@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from kspipe import checkpoint, hookimpl
+from kspipe import checkpoint, heartbeat, hookimpl
 from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
@@ -129,17 +129,20 @@ class PserverRole(Role):
 
     # the workers' collectives, through fleet's gloo
     def all_gather(self, value) -> list:
-        return list(self.fleet.util.all_gather(value, comm_world="worker"))
+        with heartbeat.phase("in the workers' all-gather", waiting=True):
+            return list(self.fleet.util.all_gather(value, comm_world="worker"))
 
     def all_reduce_worker(self, input, output, mode: str = "sum") -> None:
         import numpy as np
 
         check_reduce_mode(mode)
-        result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
+        with heartbeat.phase("in the workers' all-reduce", waiting=True):
+            result = self.fleet.util.all_reduce(np.asarray(input), mode=mode, comm_world="worker")
         np.copyto(np.asarray(output), np.asarray(result).reshape(np.shape(output)))
 
     def barrier_worker(self) -> None:
-        self.fleet.util.barrier("worker")
+        with heartbeat.phase("at the workers' barrier", waiting=True):
+            self.fleet.util.barrier("worker")
 
     # distribution
     def refuses(self, needs, cfg) -> str | None:
@@ -190,6 +193,7 @@ class PserverRole(Role):
         reporter.say(f"server {self.server_index()} ready")
         stopping.default()  # run_server blocks in C++: let SIGTERM end the process
         stopping.skip_destructors_at_exit()  # a server that gives up ends, not hangs
+        heartbeat.serving()  # its launcher watches it from outside from now on
         self.fleet.run_server()
 
 

@@ -50,6 +50,7 @@ import time
 
 import numpy as np
 
+from kspipe import heartbeat
 from kspipe.errors import ClusterError, ConfigError, check_integer
 from kspipe.modes.ps import sharded
 from kspipe.modes.ps.dense import ParameterExchange
@@ -76,6 +77,15 @@ def check_strategy(strategy: str, k_steps=1, what: str = "cluster.strategy") -> 
 
 #: A push the servers have not applied after this long is lost (or a server stalled).
 PUSH_TIMEOUT_S = 120.0
+#: What a worker waits in, in each timed part of the exchange.
+PHASES = {
+    "pull": "pulling from the servers",
+    "push": "pushing to the servers",
+    "all-reduce": "in the {} round's sum",
+    "write": "writing the last round to the servers",
+    "flush": "waiting for the servers to apply its pushes",
+    "connect": "connecting to the servers",
+}
 
 
 class StrategyExchange(ParameterSync):
@@ -116,16 +126,20 @@ class StrategyExchange(ParameterSync):
 
     @contextlib.contextmanager
     def timed(self, part: str):
+        """Time ``part``, a wait on the servers or the other workers (a phase of the
+        process, for its launcher's watch of stalls: kspipe/heartbeat.py)."""
         started = time.perf_counter()
         try:
-            yield
+            with heartbeat.phase(PHASES[part].format(self.strategy), waiting=True):
+                yield
         finally:
             self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
 
     def connect(self, scope) -> None:
         """Worker 0's parameters become the servers'; every worker takes them."""
         self.scope = scope
-        write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
+        with heartbeat.phase(PHASES["connect"], waiting=True):
+            write_vars(scope, self.exchange.connect(read_vars(scope, self.names)))
         if self.strategy != "async":
             size = len(self.exchange.layout.weights)
             self.summing = sharded.worker_sum(self.role, size, self.shard_sum)
@@ -185,7 +199,8 @@ class StrategyExchange(ParameterSync):
         held, self.held = self.held, None
         if held is not None:
             self._push(held)
-        self.exchange.flush()
+        with heartbeat.phase(PHASES["flush"], waiting=True):
+            self.exchange.flush()
         self.unapplied, self.view = [], None
 
     def _forget(self, begun: int) -> None:
@@ -252,7 +267,8 @@ class StrategyExchange(ParameterSync):
             self._round(scope, read_vars(scope, self.names))
         self.write_back()
         self.role.barrier_worker()
-        write_vars(scope, self.exchange.pull())
+        with heartbeat.phase(PHASES["pull"], waiting=True):
+            write_vars(scope, self.exchange.pull())
 
     def refresh(self, scope) -> None:
         """Take the servers' parameters mid-training (async; sync and geo hold the last

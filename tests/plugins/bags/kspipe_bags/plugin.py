@@ -5,7 +5,9 @@ maps them to one output; SGD (or Adam with Paddle's defaults: ``bags.optimizer``
 distributed with ``role.distributed_optimizer`` and every step is one ``exe.run``, whose
 loss goes to the progress line.  ``bags.ids`` picks the ids' shape, ``bags.zipf`` how
 often each id comes (a few often, most rarely).  ``bags.nan_from`` gives one worker NaN
-targets from a step on, so its loss goes NaN there.  The run writes its parameters to
+targets from a step on, so its loss goes NaN there.  ``bags.pause_at`` has worker 0 work
+``bags.pause_seconds`` at that step without training, a step of its own each second (as an
+evaluation does), while the others wait for it.  The run writes its parameters to
 ``<run_dir>/params.npz`` for the tests to compare, and its model as OpenKS's
 ``save_persistables`` does (``<run_dir>/persistables.pd*``: the optimiser's state in
 ``.pdopt``), which ``init_from=`` reads.  ``bags.checkpoint_every`` epochs it writes a
@@ -49,6 +51,8 @@ class BagsConfig:
     zipf: float = 0.0  # ids drawn from a Zipf law of this exponent (shifted to 0); 0: uniform
     nan_from: int = 0  # from this step on, worker nan_worker's targets are NaN; 0: never
     nan_worker: int = 0
+    pause_at: int = 0  # at this step worker 0 works pause_seconds without training; 0: never
+    pause_seconds: int = 0
     seed: int = 0
     checkpoint_every: int = 0  # epochs between checkpoints (0: none)
 
@@ -214,6 +218,10 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             given = feed(cfg, dataset.train, rows)
             if c.nan_from and step >= c.nan_from and index == c.nan_worker:
                 given["y"] = np.full_like(given["y"], np.nan)
+            if step == c.pause_at and index == 0:
+                for second in range(c.pause_seconds):
+                    time.sleep(1.0)
+                    reporter.progress("pause", second + 1, c.pause_seconds)
             (loss,) = executor.run(
                 programs.main, scope=scope, feed=given, fetch_list=[programs.loss]
             )
