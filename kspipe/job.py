@@ -26,10 +26,16 @@ import itertools
 import os
 import re
 import time
+from dataclasses import dataclass
 
 from kspipe.cluster import environment
 
 RESOLVER = "kspipe_run_dir"
+
+#: Set in every pod of the ``PaddleJob`` manifest kspipe writes
+#: (:mod:`kspipe.launchers.kubernetes`): a token drawn once per manifest, which tells a pod
+#: that Kubernetes restarted from a pod of a new job given the same name.
+JOB_TOKEN_ENV = "KSPIPE_JOB_TOKEN"
 
 
 def job_id(given: str | None = None, env=os.environ, overrides: str = "") -> str:
@@ -99,15 +105,44 @@ def new_folder(name: str) -> str:
 
 
 def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:
-    """The run folder to resume from when Slurm requeued this ``cluster.launcher=slurm``
-    job (``SLURM_RESTART_COUNT``) and its run folder holds a checkpoint, else None.  The
-    job's own checkpoint wins over a ``resume`` or ``init_from`` it was started with: those
-    were its start, and it has gone on since."""
+    """The checkpoint to resume from when Slurm requeued this ``cluster.launcher=slurm``
+    job (``SLURM_RESTART_COUNT``): the newest complete one in its run folder (a
+    checkpoint is complete once its folder has its final name, which the first worker
+    gives it after every other worker wrote its own part), else None.  Named outright, so
+    that every process of the job loads that one.  The job's own checkpoint wins over a
+    ``resume`` or ``init_from`` it was started with: those were its start, and it has gone
+    on since."""
     from kspipe import checkpoint
 
     if cfg.cluster.get("launcher") != "slurm" or not int(env.get("SLURM_RESTART_COUNT") or 0):
         return None
-    return run_dir if checkpoint.checkpoints(os.path.join(run_dir, "checkpoints")) else None
+    kept = checkpoint.checkpoints(os.path.join(run_dir, "checkpoints"))
+    return max(kept) if kept else None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """This run as one attempt of a job that a scheduler may start again: ``job``, the key
+    every attempt of the job shares (and no other job), and ``restarts``, the attempts
+    before this one where the scheduler counts them (Slurm), None where it does not (a
+    ``PaddleJob``'s pod: the job's record in MLflow tells)."""
+
+    job: str
+    restarts: int | None
+
+
+def attempt(cfg, env=os.environ) -> Attempt | None:
+    """The job this run is an attempt of, if a scheduler may start it again in the same run
+    folder: a ``cluster.launcher=slurm`` job in its allocation (``SLURM_JOB_ID``, requeued
+    ``SLURM_RESTART_COUNT`` times), or a pod of the ``PaddleJob`` manifest kspipe wrote
+    (its name and :data:`JOB_TOKEN_ENV`).  None for any other run: each is a job of its
+    own, even in a run folder an earlier job used."""
+    if cfg.cluster.get("launcher") == "slurm" and env.get("SLURM_JOB_ID"):
+        return Attempt(f"slurm-{env['SLURM_JOB_ID']}", int(env.get("SLURM_RESTART_COUNT") or 0))
+    if env.get(JOB_TOKEN_ENV) and environment.given(cfg.get("mode"), env):
+        name = job_id(cfg.cluster.get("job_id"), env)
+        return Attempt(f"paddlejob-{name}-{env[JOB_TOKEN_ENV]}", None)
+    return None
 
 
 def register_resolver(make: bool = True) -> None:

@@ -104,7 +104,7 @@ def prepare(cfg, pm):
             cfg.resume, cfg.init_from = requeued, None
         say(
             f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
-            f"resumes from its latest checkpoint in {requeued}"
+            f"resumes from its latest complete checkpoint, {requeued}"
         )
     return check(cfg, pm)
 

@@ -9,16 +9,19 @@ says how to apply it.  The operator starts one pod per server (``spec.ps``) and 
 ``kspipe <overrides>`` as the command that wrote the manifest, with ``cluster.job_id`` the
 job's name, so its processes share one run folder, ``outputs/job-<name>`` (kspipe/job.py):
 give the pods a shared volume as their working folder (or ``run_dir=`` on one) and a
-``tracking.uri`` they all reach.
+``tracking.uri`` they all reach.  A pod that Kubernetes restarts records into the job's
+MLflow run (:mod:`kspipe.observers.mlflow.earlier_runs`).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 
 from kspipe import hookimpl
 from kspipe.errors import ConfigError
+from kspipe.job import JOB_TOKEN_ENV
 from kspipe.launchers.processes import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
@@ -61,7 +64,9 @@ def pod_command(overrides: list[str], name: str) -> list[str]:
 
 def manifest(cfg, overrides: list[str], name: str) -> dict:
     """The ``PaddleJob`` of this job: ``spec.ps`` (pserver) and ``spec.worker`` replicas,
-    gloo, the image, and the pods' command."""
+    gloo, the image, and the pods' command.  Every pod gets the manifest's token
+    (:data:`kspipe.job.JOB_TOKEN_ENV`, drawn here): a pod that Kubernetes restarts goes on
+    with the job's MLflow run, and a new manifest of the same job name records a new one."""
     from kspipe.cluster.endpoints import process_count
 
     if not cfg.cluster.get("image"):
@@ -70,11 +75,14 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
             "the pods run (one with kspipe and its plugins installed)"
         )
 
+    token = secrets.token_hex(8)
+
     def replicas(count: int) -> dict:
         container = {
             "name": "kspipe",
             "image": str(cfg.cluster.image),
             "command": pod_command(overrides, name),
+            "env": [{"name": JOB_TOKEN_ENV, "value": token}],
         }
         return {"replicas": count, "template": {"spec": {"containers": [container]}}}
 

@@ -71,7 +71,8 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         trained, done = meta_train(learner, start_iter, ckpt_dir)
         role.finish_training(learner.scope)
         learner.run(learner.p.save_theta)
-        learner.save_checkpoint(ckpt_dir, done)
+        if not resumed_at(cfg, ckpt_dir, done):
+            learner.save_checkpoint(ckpt_dir, done)
         seconds = time.perf_counter() - started
 
         fingerprints = role.all_gather(learner.fingerprint())
@@ -95,6 +96,17 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         )
     reporter.metrics(metrics, cfg.train.meta_iters)
     return metrics
+
+
+def resumed_at(cfg, ckpt_dir: str, done: int) -> bool:
+    """Whether the run resumed from its own checkpoint of ``done`` meta-iterations: a job
+    requeued after its training ended has nothing left to train, and keeps that checkpoint
+    as it was rather than writing it again."""
+    if not cfg.resume:
+        return False
+    own = os.path.join(ckpt_dir, f"checkpoint-{done:07d}")
+    resumed = checkpoint.latest(user_path(cfg.resume))
+    return os.path.abspath(resumed) == os.path.abspath(own)
 
 
 def evaluation_sizes(cfg) -> str:

@@ -7,6 +7,7 @@ kspipe's own launcher trains from the same overrides, bit for bit (sync repeats 
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from kspipe.cluster.endpoints import free_ports
+from kspipe.job import JOB_TOKEN_ENV
 from kspipe.testing import run_statuses
 from tests.kit import SCHEDULED_COLLECTIVE, latest_weights, scheduled_overrides
 
@@ -362,6 +364,16 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
     for name, value in launched.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
+    # the manifest's token, in every pod, marks the run as this job's (a pod Kubernetes
+    # restarts goes on in it: tests/observers/test_earlier_runs.py)
+    (token,) = {pod["env"][JOB_TOKEN_ENV] for _, pod in operator_environments(job)}
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        tags = dict(con.execute("select key, value from tags"))
+    assert (tags["kspipe.job"], tags["kspipe.restarts"], tags["kspipe.run_dir"]) == (
+        f"paddlejob-{job['metadata']['name']}-{token}",
+        "0",
+        str(folder),
+    )
 
 
 def test_every_role_shares_its_hosts_cores_however_it_was_started(monkeypatch):

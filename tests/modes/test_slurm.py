@@ -271,12 +271,17 @@ def tail(path: Path) -> str:
 
 
 @needs_slurm
+@pytest.mark.parametrize("requeued_after", [8, 40], ids=["midway", "after-training"])
 def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
-    tmp_path, tiny_data, launched_long, slurm
+    tmp_path, tiny_data, launched_long, slurm, requeued_after
 ):
-    """sbatch --requeue; ``scontrol requeue`` after a checkpoint stops the job (its run
-    KILLED) and starts it again: it resumes in its own run folder, outputs/job-<id>-..., and
-    ends with the weights of a run never interrupted (``launched_long``)."""
+    """sbatch --requeue; ``scontrol requeue`` once checkpoint ``requeued_after`` is written
+    stops the job and starts it again: it resumes in its own run folder,
+    outputs/job-<id>-..., from the newest complete checkpoint there (the requeue lands
+    wherever the job has got to by then: midway, or after its last checkpoint, in its final
+    evaluation or done), rewrites none up to it, ends with the weights of a run never
+    interrupted (``launched_long``), and goes on in its first run: one MLflow run,
+    FINISHED, with one restart."""
     job = [*scheduled_overrides(tmp_path, tiny_data), *launched_long.overrides]
     last = f"checkpoint-{launched_long.iterations:07d}"
 
@@ -297,10 +302,11 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
     def run_folders():  # outputs/job-<id>-<the command's digest>
         return list((tmp_path / "outputs").glob(f"job-{job_id}-*"))
 
+    first = f"checkpoint-{requeued_after:07d}"
     wait_for(
-        lambda: any((r / "checkpoints" / "checkpoint-0000008").is_dir() for r in run_folders()),
+        lambda: any((r / "checkpoints" / first).is_dir() for r in run_folders()),
         300,
-        lambda: f"no checkpoint: {tail(out)}",
+        lambda: f"no {first}: {tail(out)}",
     )
     (run,) = run_folders()
     assert slurm_command(slurm, "scontrol", "requeue", job_id).returncode == 0
@@ -327,12 +333,18 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
             if path.is_file()
         }
 
-    # the first run's last checkpoint, and those before it as it left them (a worker may
-    # have written its own part of the next one, which the second run writes again)
+    # the first run's newest complete checkpoint (the first worker's, which it writes once
+    # every other worker has written its own part), and those before it as it left them (a
+    # worker may have written its own part of the next one, which the second run writes
+    # again)
     latest = max(
         int(p.name.removeprefix("checkpoint-"))
         for p in (run / "checkpoints").glob("checkpoint-*")
         if p.suffix != ".tmp"
+    )
+    assert all(
+        (run / "checkpoints" / f"worker-1/checkpoint-{i:07d}").is_dir()
+        for i in range(launched_long.every, latest + 1, launched_long.every)
     )
     stopped = files_up_to(latest)
     slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
@@ -340,9 +352,14 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
         lambda: nothing_queued(slurm), 600, lambda: f"the requeued job did not finish: {tail(out)}"
     )
     output = out.read_text()
-    assert "Slurm requeued the job (restart 1): it resumes from its latest checkpoint" in output
-    # it went on from the last of them, which it left as they were: a run from the start
-    # (which ends with the same weights) would have written them again
+    resumed = run / "checkpoints" / f"checkpoint-{latest:07d}"
+    assert (
+        f"Slurm requeued the job (restart 1): it resumes from its latest complete "
+        f"checkpoint, {resumed}\n" in output
+    ), output[-3000:]
+    # it went on from the newest of them, which it left as they were, as it left those
+    # before: a run from the start (which ends with the same weights) would have written
+    # them again
     import re
 
     assert set(re.findall(r"resuming from meta-iteration (\d+) ", output)) == {str(latest)}, (
@@ -351,13 +368,38 @@ def test_a_requeued_slurm_job_continues_from_its_checkpoint_by_itself(
     )
     assert files_up_to(latest) == stopped
     assert run_folders() == [run]  # the requeued job found its own folder
-    # the job's first run (stopped by the requeue) and its second
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "KILLED"], output[-3000:]
     with open(run / "checkpoints" / last / "state.pdparams", "rb") as f:
         got = pickle.load(f)
     assert set(got) == set(launched_long.weights)
     for name, value in launched_long.weights.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+    # one MLflow run for the job: its first attempt's, gone on from the checkpoint
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"], output[-3000:]
+    (recorded,) = runs_of(tmp_path / "mlflow.db")
+    tags = recorded.data.tags
+    assert (tags["kspipe.job"], tags["kspipe.restarts"], tags["kspipe.resumed_from"]) == (
+        f"slurm-{job_id}",
+        "1",
+        str(resumed),
+    )
+    assert f"kspipe: the job's MLflow run {recorded.info.run_id} goes on (restart 1; " in output
+    # the final metrics at the last step (the first attempt may have logged them too)
+    steps = {m.step for m in history(tmp_path / "mlflow.db", recorded, "test_accuracy")}
+    assert steps == {launched_long.iterations}
+
+
+def runs_of(db: Path) -> list:
+    """Every run in the MLflow store ``db``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def history(db: Path, run, metric: str) -> list:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(run.info.run_id, metric)
 
 
 @needs_slurm

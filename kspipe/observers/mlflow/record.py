@@ -20,7 +20,7 @@ import time
 from multiprocessing.connection import Connection
 
 from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
-from kspipe.files import user_path
+from kspipe.observers.mlflow.earlier_runs import new_run_tags, reopen, source_run_id
 from kspipe.observers.mlflow.store import driver_error, is_server, probe_server, shown
 from kspipe.reporting import say
 
@@ -65,7 +65,9 @@ class Record:
         self.experiment = self.client.get_run(run_id).info.experiment_id
         return run_id, self.experiment
 
-    def create(self, experiment, run_name, tags, params, config_path, register, alias, source):
+    def create(
+        self, experiment, run_name, tags, params, config_path, register, alias, source, restart
+    ):
         from kspipe.observers.mlflow.store import experiment_id
         from mlflow.entities import Param
 
@@ -77,9 +79,13 @@ class Record:
             found = source_run_id(self.client, source)
             if found:
                 tags = {**tags, "kspipe.source_run": found}
-        run = self.client.create_run(
-            experiment_id(self.client, experiment), run_name=run_name, tags=tags
-        )
+        experiment = experiment_id(self.client, experiment)
+        if restart is not None:  # a job its scheduler started again: its earlier run goes on
+            found = reopen(self.client, experiment, tags, restart)
+            if found:
+                return found
+            tags = {**tags, **new_run_tags(restart)}
+        run = self.client.create_run(experiment, run_name=run_name, tags=tags)
         params = [Param(k, v) for k, v in params]
         for start in range(0, len(params), 100):
             self.client.log_batch(run.info.run_id, params=params[start : start + 100])
@@ -255,23 +261,6 @@ ENDS = ("finish", "end", "abandoned")
 DROPPED = ("metrics", "artifact")
 #: While the tracking server does not answer, it is looked for at most this often.
 LOOK_EVERY_S = 10.0
-
-
-def source_run_id(client, path: str) -> str | None:
-    """The run that wrote the run folder of ``path`` (a run folder or one of its
-    checkpoints), found by its ``kspipe.run_dir`` tag; None where this store has none."""
-    folder = os.path.abspath(user_path(path))
-    while os.path.basename(folder).startswith(("checkpoint-", "worker-", "checkpoints")):
-        folder = os.path.dirname(folder)
-    if "'" in folder:
-        return None  # not expressible in a filter string
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    found = (
-        client.search_runs(experiments, f"tags.`kspipe.run_dir` = '{folder}'", max_results=1)
-        if experiments
-        else []
-    )
-    return found[0].info.run_id if found else None
 
 
 def log_model(

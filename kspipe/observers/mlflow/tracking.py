@@ -7,12 +7,14 @@ series (:mod:`kspipe.observers.plots`) as artifacts, the inference model as the 
 model ``model`` (:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
 set, that version given the alias ``tracking.alias``), the data set it trained on as its
 input (the dataset stage's ``training_data``, :class:`kspipe.contracts.TrainingData`), and
-ends FINISHED, FAILED or KILLED.  Unless ``tracking.system_metrics=false``, every process
-that plays a part in the job (the one of a local run; each worker and server of a cluster,
-as ``worker0``, ``server1``...) has its recorder sample its CPU, memory and network into the
-run every ``tracking.system_metrics_interval`` seconds
-(:mod:`kspipe.observers.mlflow.system`).  Its last line names the command that opens the
-runs page of the experiment (:func:`kspipe.observers.mlflow.store.runs_page`).
+ends FINISHED, FAILED or KILLED; a job that Slurm requeues, or whose pod Kubernetes
+restarts, goes on in its earlier run (:mod:`kspipe.observers.mlflow.earlier_runs`).
+Unless ``tracking.system_metrics=false``, every process that plays a part in the job (the
+one of a local run; each worker and server of a cluster, as ``worker0``, ``server1``...) has
+its recorder sample its CPU, memory and network into the run every
+``tracking.system_metrics_interval`` seconds (:mod:`kspipe.observers.mlflow.system`).  Its
+last line names the command that opens the runs page of the experiment
+(:func:`kspipe.observers.mlflow.store.runs_page`).
 
 The record is written by a process of its own (:mod:`kspipe.observers.mlflow.recorder`), so the
 job's process neither imports MLflow nor waits for its store; in a sweep, the run becomes
@@ -28,9 +30,10 @@ import time
 
 from omegaconf import open_dict
 
-from kspipe import hookimpl
+from kspipe import hookimpl, job
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_number, first_line
+from kspipe.observers.mlflow.earlier_runs import JOB_TAG
 from kspipe.observers.mlflow.recorder import Recorder
 from kspipe.observers.mlflow.store import runs_page, tracking_uri
 from kspipe.observers.mlflow.sweep_runs import parent_run_id
@@ -122,7 +125,9 @@ class MlflowTracker:
 
     def new_run(self, cfg, run_dir: str) -> dict:
         """What the recorder makes the run with: name, tags, params, the resolved config
-        (saved in the run folder), the registry name and the run it starts from."""
+        (saved in the run folder), the registry name, the run it starts from, and for a
+        job that its scheduler may start again, this attempt (an earlier attempt's run goes
+        on: :mod:`kspipe.observers.mlflow.earlier_runs`)."""
         from omegaconf import OmegaConf
 
         if cfg.tracking.get("register") and not cfg.tracking.get("model", True):
@@ -133,6 +138,10 @@ class MlflowTracker:
         tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir, **workload_tags(self.workload)}
         if parent_run_id():
             tags["mlflow.parentRunId"] = parent_run_id()
+        attempt, restart = job.attempt(cfg), None
+        if attempt is not None:  # its scheduler may start it again: one run for all attempts
+            tags[JOB_TAG] = attempt.job
+            restart = {"restarts": attempt.restarts, "resumed_from": cfg.get("resume")}
         resolved = OmegaConf.to_container(cfg, resolve=True)
         config_path = os.path.join(run_dir, "config.yaml")
         OmegaConf.save(cfg, config_path, resolve=True)
@@ -144,6 +153,7 @@ class MlflowTracker:
             "register": cfg.tracking.get("register"),
             "alias": cfg.tracking.get("alias"),
             "source": cfg.get("evaluate") or cfg.get("init_from"),
+            "restart": restart,
         }
 
     def opened(self) -> None:
