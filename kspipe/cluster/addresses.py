@@ -1,45 +1,83 @@
-"""The address book where a parameter-server job's processes meet for fleet's gloo.
+"""The address book where a job's processes meet for gloo.
 
-A key-value store over HTTP, as gloo's HTTP client speaks it: ``PUT /<world>/<key>``
-keeps a value, ``GET`` returns it (404 until it is put).  Server 0 runs it as a child
-process (``python -m kspipe.cluster.addresses <port> <host>``): gloo's set-up holds the Python
-interpreter's lock, so a thread of server 0 could not answer while server 0 itself meets
-the others.  The book says ``ready`` once it holds its port, and serves until its standard
-input closes, which happens when server 0 ends, however it ends.  See
+A key-value store over HTTP, as gloo's HTTP client speaks it: ``PUT /<prefix>_<world>/<rank>``
+keeps a value, ``GET`` returns it (404 until it is put).  The first process runs it as a
+child process (``python -m kspipe.cluster.addresses <port> <host> <members>``): gloo's set-up
+holds the Python interpreter's lock, so a thread of that process could not answer while it
+meets the others.  The book says ``ready`` once it holds its port, and serves until its
+standard input closes, which happens when its starter ends, however it ends.  See
 :mod:`kspipe.cluster.meeting`.
+
+Only the job's processes get in.  Gloo's client sends no credential, but Paddle lets a
+world's keys have a prefix: kspipe's is a token made from the job's secret
+(:func:`kspipe.cluster.secret.token`), and the book answers only paths of that prefix, one
+of the three worlds and a rank below ``members``, with a value of at most
+:data:`VALUE_BYTES`; any other request is refused (403, 413) and said in one line of the
+log.  Paddle's CPU collective world (``GlooParallelContext``) takes no prefix: each of its
+members reaches the book through a relay of its own on loopback
+(``python -m kspipe.cluster.addresses relay <host> <port> <rank>``), which adds it and
+puts that member's own key alone.
 """
 
 from __future__ import annotations
 
+import http.client
 import http.server
+import re
 import socket
 import sys
 import threading
 
+from kspipe.cluster import secret
 from kspipe.cluster.endpoints import interface_of
+
+#: The largest value a key may hold (gloo's addresses are 136 bytes).
+VALUE_BYTES = 4096
+#: How long a connection may take to send its request.
+REQUEST_TIMEOUT_S = 30.0
+WORLDS = ("worker", "server", "all", "summer")  # summer: a shard summer's port (modes/ps)
+WHAT = "the gloo meeting point"
 
 
 class AddressBook(http.server.ThreadingHTTPServer):
-    """The store, on ``port`` of ``address`` ("": every interface of this host)."""
+    """The store, on ``port`` of ``address`` ("": every interface of this host), for a job of
+    ``members`` processes."""
 
     daemon_threads = True
 
-    def __init__(self, port: int, address: str = ""):
+    def __init__(self, port: int, address: str = "", members: int = 1 << 16):
         super().__init__((address, port), Pages)
         self.values: dict[str, bytes] = {}
         self.lock = threading.Lock()
+        self.members = members
+        self.keys = re.compile(
+            rf"/{secret.token('gloo')}_({'|'.join(WORLDS)})/(0|[1-9][0-9]{{0,8}})"
+        )
+
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is one of the job's keys."""
+        found = self.keys.fullmatch(path)
+        return found is not None and int(found.group(2)) < self.members
 
 
 class Pages(http.server.BaseHTTPRequestHandler):
     server: AddressBook
+    timeout = REQUEST_TIMEOUT_S
 
     def do_PUT(self):
-        value = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if not self.allowed():
+            return
+        size = body_size(self.headers)
+        if size is None:
+            return self.refuse(413, f"a value of more than {VALUE_BYTES} bytes")
+        value = self.rfile.read(size)
         with self.server.lock:
             self.server.values[self.path] = value
         self.answer(200)
 
     def do_GET(self):
+        if not self.allowed():
+            return
         with self.server.lock:
             value = self.server.values.get(self.path)
         if value is None:
@@ -48,7 +86,19 @@ class Pages(http.server.BaseHTTPRequestHandler):
             self.answer(200, value)
 
     def do_DELETE(self):  # a member done with its key: the others may still need it
-        self.answer(200)
+        if self.allowed():
+            self.answer(200)
+
+    def allowed(self) -> bool:
+        if self.server.holds(self.path):
+            return True
+        self.refuse(403, "not one of the job's keys")
+        return False
+
+    def refuse(self, code: int, why: str) -> None:
+        self.close_connection = True
+        self.answer(code)
+        secret.refused(WHAT, self.client_address, f"{self.command}: {why}")
 
     def answer(self, code: int, body: bytes = b"") -> None:
         self.send_response(code)
@@ -59,24 +109,97 @@ class Pages(http.server.BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
 
+    def log_error(self, format, *args):  # noqa: A002 - a request it could not read
+        secret.refused(WHAT, self.client_address, format % args)
 
-def serve(port: int, host: str = "") -> int:
+
+def body_size(headers) -> int | None:
+    """A request's Content-Length, or None when it is not one the book takes."""
+    try:
+        size = int(headers.get("Content-Length", 0))
+    except ValueError:
+        return None
+    return size if 0 <= size <= VALUE_BYTES else None
+
+
+class Relay(http.server.ThreadingHTTPServer):
+    """Paddle's CPU collective world's way to the book at ``book`` (host, port) for member
+    ``rank``: on loopback, its requests for ``/_worker/<n>`` go on as the job's keys; it
+    puts its own key alone."""
+
+    daemon_threads = True
+
+    def __init__(self, book: tuple, rank: int):
+        super().__init__(("127.0.0.1", 0), Forward)
+        self.book, self.own = book, f"/_worker/{rank}"
+        self.prefix = "/" + secret.token("gloo")
+
+
+class Forward(http.server.BaseHTTPRequestHandler):
+    server: Relay
+    timeout = REQUEST_TIMEOUT_S
+
+    def do_PUT(self):
+        self.forward()
+
+    def do_GET(self):
+        self.forward()
+
+    def do_DELETE(self):
+        self.forward()
+
+    def forward(self) -> None:
+        size = body_size(self.headers)
+        known = re.fullmatch(r"/_worker/[0-9]{1,9}", self.path)
+        if not known or size is None or (self.command != "GET" and self.path != self.server.own):
+            self.close_connection = True
+            return self.answer(403)
+        body = self.rfile.read(size) if self.command == "PUT" else None
+        book = http.client.HTTPConnection(*self.server.book, timeout=REQUEST_TIMEOUT_S)
+        try:
+            book.request(self.command, self.server.prefix + self.path[1:], body=body)
+            reply = book.getresponse()
+            self.answer(reply.status, reply.read(VALUE_BYTES + 1))
+        except OSError:
+            self.answer(503)  # gloo asks again
+        finally:
+            book.close()
+
+    answer = Pages.answer
+    log_message = log_error = Pages.log_message
+
+
+def serve(port: int, host: str = "", members: int = 1 << 16) -> int:
     """Serve the book on ``port`` until standard input closes: on ``host``'s address where
     this machine holds it (the job's own address), else on every interface (a name the
     machine resolves elsewhere, say to a loopback address, would leave the others out)."""
     try:
-        book = AddressBook(port, socket.gethostbyname(host) if interface_of(host) else "")
+        address = socket.gethostbyname(host) if interface_of(host) else ""
+        book = AddressBook(port, address, members)
     except OSError as err:
         print(
             f"kspipe: error: the gloo meeting point cannot take port {port}: {err.strerror}",
             file=sys.stderr,
         )
         return 1
-    threading.Thread(target=book.serve_forever, daemon=True).start()
-    print("ready", flush=True)
-    sys.stdin.buffer.read()  # returns when the process that started the book ends
+    return run(book, "ready")
+
+
+def relay(host: str, port: int, rank: int) -> int:
+    """Relay member ``rank``'s requests to the book at ``host:port`` until standard input
+    closes; says its own port."""
+    server = Relay((host, port), rank)
+    return run(server, f"ready {server.server_address[1]}")
+
+
+def run(server: http.server.HTTPServer, ready: str) -> int:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(ready, flush=True)
+    sys.stdin.buffer.read()  # returns when the process that started it ends
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), *sys.argv[2:3]))
+    if sys.argv[1] == "relay":
+        sys.exit(relay(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    sys.exit(serve(int(sys.argv[1]), *sys.argv[2:3], *map(int, sys.argv[3:4])))

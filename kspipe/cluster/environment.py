@@ -7,7 +7,9 @@ Two contracts, by the role a process plays:
   ``TRAINER``, ``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_TRAINER_ENDPOINTS``,
   ``PADDLE_TRAINER_ID``, ``POD_IP``, ``PADDLE_PORT``, fleet's gloo meeting point);
 * a collective job's worker (``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS``,
-  ``PADDLE_CURRENT_ENDPOINT``, kspipe's gloo meeting point :data:`GLOO_ENDPOINT_ENV`).
+  ``PADDLE_CURRENT_ENDPOINT``, kspipe's gloo meeting point :data:`GLOO_ENDPOINT_ENV`);
+
+and for both, the job's secret (``KSPIPE_JOB_SECRET``: :mod:`kspipe.cluster.secret`).
 
 kspipe's launchers write it (:func:`job_env`, :func:`process_env`); Paddle's launcher,
 a ``PaddleJob``'s pods and Slurm steps set the same variables, so a role started by any of
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from kspipe.cluster.secret import SECRET_ENV
 
 #: What every process of a job gets unless the user set it.  A job's processes share their
 #: host's cores, and OpenMP's threads (Paddle's Intel runtime) wait ``KMP_BLOCKTIME`` ms
@@ -136,6 +140,7 @@ def check(kind: str, env=os.environ) -> None:
                 f"{where}; a PaddleJob sets them with withGloo: 1"
             )
         missing += [meeting] if not env.get(meeting) else []
+    missing += [SECRET_ENV] if not env.get(SECRET_ENV) else []
     if missing:
         raise ConfigError(
             f"{role if kind == 'pserver' else 'a collective worker'}: "

@@ -10,6 +10,9 @@ second.  Fleet's worlds in a parameter-server job (the workers', the servers', a
 ``PADDLE_WITH_GLOO=2`` everyone's) meet through :class:`MeetingRoleMaker` (server 0 serves
 the book), the collective mode's CPU world through :func:`gloo_context` (worker 0 does).
 
+Only the job's processes reach its keys: their path begins with a token of the job's
+secret (:mod:`kspipe.cluster.addresses`, :mod:`kspipe.cluster.secret`).
+
 The environment contract stays Paddle's (``PADDLE_GLOO_RENDEZVOUS=3`` with
 ``PADDLE_GLOO_HTTP_ENDPOINT``, served by server 0), so Paddle's launcher and a scheduler's
 manifests start the same jobs; a folder (``PADDLE_GLOO_RENDEZVOUS=2``) still meets Paddle's
@@ -25,6 +28,7 @@ import sys
 import paddle.distributed.fleet as fleet
 from paddle.base import core
 
+from kspipe.cluster import secret
 from kspipe.cluster.endpoints import interface_of, wait_for_listener
 from kspipe.errors import ClusterError
 
@@ -50,7 +54,7 @@ class MeetingRoleMaker(fleet.PaddleCloudRoleMaker):
         host, _, port = os.environ["PADDLE_GLOO_HTTP_ENDPOINT"].rpartition(":")
         port = int(port)
         if self._is_server() and self._server_index() == 0:
-            self.book = open_book(host, port)
+            self.book = open_book(host, port, self._worker_num() + self._server_num())
         else:
             wait_for(host, port)
         workers, servers, gloo = self._worker_num(), self._server_num(), self._gloo
@@ -67,37 +71,53 @@ class MeetingRoleMaker(fleet.PaddleCloudRoleMaker):
 def gloo_context(rank: int, size: int, endpoint: str):
     """The process's one gloo world of ``size`` members (the one Paddle's CPU collective
     ops use), met through the address book at ``endpoint``, which rank 0 serves; returns
-    it (``barrier()``, ``release()``) and the book's process (rank 0), to keep."""
+    it (``barrier()``, ``release()``) and the book's process (rank 0), to keep.  Paddle's
+    context takes no key prefix: it meets through a relay on loopback that adds the job's
+    (:mod:`kspipe.cluster.addresses`), ended once the world has met."""
     host, _, port = endpoint.rpartition(":")
-    book = None
-    if rank == 0:
-        book = open_book(host, int(port))
-    else:
-        wait_for(host, int(port))
-    strategy = core.GlooParallelStrategy()
-    strategy.rank, strategy.rank_num = rank, size
-    strategy.ip_address, strategy.ip_port = host, int(port)
-    strategy.init_seconds, strategy.run_seconds = MEET_TIMEOUT_S, RUN_TIMEOUT_S
-    context = core.GlooParallelContext(strategy)
-    context.init()
+    relay = spawn(["relay", host, port, str(rank)])  # it starts while the book does
+    try:
+        book = open_book(host, int(port), size) if rank == 0 else wait_for(host, int(port))
+        ready(relay, "the relay to the job's gloo meeting point did not start")
+        strategy = core.GlooParallelStrategy()
+        strategy.rank, strategy.rank_num = rank, size
+        strategy.ip_address = "127.0.0.1"
+        strategy.ip_port = int(relay.said.split()[1])
+        strategy.init_seconds, strategy.run_seconds = MEET_TIMEOUT_S, RUN_TIMEOUT_S
+        context = core.GlooParallelContext(strategy)
+        context.init()
+    finally:
+        relay.stdin.close()
+        relay.wait()
     return context, book
 
 
-def open_book(host: str, port: int) -> subprocess.Popen:
-    """Start the address book on ``port`` of this host (on ``host``'s address where this
-    machine holds it, else on every interface) and return once it serves there; it ends
-    when this process does."""
-    book = subprocess.Popen(
-        [sys.executable, "-m", "kspipe.cluster.addresses", str(port), host],
+def open_book(host: str, port: int, members: int) -> subprocess.Popen:
+    """Start the address book of a job of ``members`` processes on ``port`` of this host (on
+    ``host``'s address where this machine holds it, else on every interface) and return
+    once it serves there; it ends when this process does."""
+    book = spawn([str(port), host, str(members)])
+    return ready(book, f"the job's gloo meeting point could not take port {port}")
+
+
+def spawn(args: list[str]) -> subprocess.Popen:
+    """Start a process of :mod:`kspipe.cluster.addresses` (it ends when this one does)."""
+    secret.current()  # a process without the job's secret stops here, in one line
+    return subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cluster.addresses", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    if book.stdout.readline().strip() != "ready":  # it said why in this process's log
-        raise ClusterError(
-            f"the job's gloo meeting point could not take port {port} (this log says why)"
-        )
-    return book
+
+
+def ready(process: subprocess.Popen, failed: str) -> subprocess.Popen:
+    """``process`` once it says it is ready (what it said in ``.said``); ``failed``: the
+    error when it does not."""
+    process.said = process.stdout.readline().strip()
+    if not process.said.startswith("ready"):  # it said why in this process's log
+        raise ClusterError(f"{failed} (this log says why)")
+    return process
 
 
 def meet(host: str, port: int, world: str, rank: int, size: int):
@@ -105,7 +125,7 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
     gloo = core.Gloo()
     gloo.set_rank(rank)
     gloo.set_size(size)
-    gloo.set_prefix(os.environ.get("SYS_JOB_ID", ""))
+    gloo.set_prefix(secret.token("gloo"))  # the book's keys: only the job knows the way
     # the interface of this process's own address (a parameter-server job's POD_IP): left
     # to itself, gloo announces what this host's name resolves to, often a loopback address
     gloo.set_iface(interface_of(os.environ.get("POD_IP", "")))
@@ -116,5 +136,5 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
 
 
 def wait_for(host: str, port: int) -> None:
-    """Return once the address book at ``host:port`` accepts connections."""
+    """Return (None) once the address book at ``host:port`` accepts connections."""
     wait_for_listener(host, port, MEET_TIMEOUT_S, f"the job's gloo meeting point {host}:{port}")

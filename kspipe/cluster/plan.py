@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kspipe.cluster import environment
+from kspipe.cluster import environment, secret
 from kspipe.cluster.endpoints import (
     check_port_free,
     endpoints,
@@ -56,7 +56,8 @@ def launch_plan(
     ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINER_ENDPOINTS`` ...), so a scheduler that sets the
     same variables can start the roles without kspipe, and ``OMP_NUM_THREADS`` so this
     host's workers share its cores (``threads`` each, default cores / local workers), and
-    :data:`kspipe.cluster.environment.SHARED_CORES_ENV`.
+    :data:`kspipe.cluster.environment.SHARED_CORES_ENV`, and the job's secret
+    (:data:`kspipe.cluster.secret.SECRET_ENV`, this process's, else a new one).
     The ports of this host's processes are checked free.  With ``every_host``, the plan
     holds every host's processes (a scheduler starts each on its host).  ``meeting_port``
     is where gloo's meeting point listens on the first endpoint's host, when the caller
@@ -87,6 +88,7 @@ def launch_plan(
         meeting = meeting_point(everyone, workers, every_host, meeting_port, kind)
     else:
         meeting = meeting_point(worker_eps, workers, every_host, meeting_port, kind)
+    secret.ensure()  # the job's secret (kspipe.cluster.secret): every process inherits it
     base = dict(
         os.environ,
         GLOG_minloglevel="2",

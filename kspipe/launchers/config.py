@@ -26,6 +26,10 @@ class LauncherConfig:
     # this long counts as failed and the job is stopped (kspipe/launchers/stalls.py); null:
     # never.  Longer than any phase of a healthy job without a step.
     stall_seconds: Optional[float] = 600.0
+    # a file holding the job's secret (its processes' proof to kspipe's sockets), the same
+    # on every host of a job across hosts; else KSPIPE_JOB_SECRET, else one job host makes
+    # one (kspipe/cluster/secret.py)
+    secret_file: Optional[str] = None
     # the job's id, for processes a scheduler starts: they share outputs/job-<id> (default:
     # PADDLE_JOB_ID, SLURM_JOB_ID, else a digest of the endpoint lists; kspipe/job.py)
     job_id: Optional[str] = None

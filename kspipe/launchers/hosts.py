@@ -4,7 +4,10 @@ everywhere.
 Each host runs the same ``kspipe`` command with its own ``cluster.host``.  The first host,
 the one with worker 0 (which records the run), listens on the control endpoint: worker
 0's host at ``cluster.control_port`` (default: worker 0's port + 2).  Every other host's
-launcher connects to it before starting its processes and names its host.  Then:
+launcher connects to it before starting its processes and names its host with a tag of
+the job's secret (:mod:`kspipe.cluster.secret`); a connection whose first line is not that
+greeting, within :data:`HELLO_TIMEOUT_S` and :data:`HELLO_CHARS`, is closed (one line in
+the log) and changes nothing.  Then:
 
 * a launcher whose processes fail (or that is stopped by SIGTERM or Ctrl-C) sends
   ``failed <why>`` and stops its processes; the other launchers stop theirs and fail;
@@ -23,9 +26,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kspipe.cluster import secret
 from kspipe.errors import ClusterError, ConfigError
 
 CONNECT_RETRY_S = 0.5
+#: How long a connection to the control endpoint has to greet, and its greeting's bound.
+HELLO_TIMEOUT_S = 10.0
+HELLO_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -128,12 +135,21 @@ class HostLink:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(HELLO_TIMEOUT_S)
         lines = conn.makefile("r", encoding="utf-8", errors="replace")
-        hello = lines.readline().split()
-        if len(hello) != 2 or hello[0] != "hello" or hello[1] not in self.hosts.others:
+        try:
+            hello = lines.readline(HELLO_CHARS).split()
+        except (OSError, ValueError):
+            hello = []
+        host = hello[1] if len(hello) == 3 and hello[0] == "hello" else None
+        if host not in self.hosts.others or not secret.matches(
+            hello[2].encode(), greeting(host).encode()
+        ):
+            peer = _peer(conn)
             conn.close()  # not one of the job's launchers
+            secret.refused(f"the control endpoint {self._endpoint()}", peer, "no job greeting")
             return
-        host = hello[1]
+        conn.settimeout(None)
         with self._lock:
             self._peers[host] = conn
         self._read(host, lines)
@@ -153,7 +169,7 @@ class HostLink:
                     ) from err
                 time.sleep(CONNECT_RETRY_S)
         conn.settimeout(None)
-        conn.sendall(f"hello {self.hosts.here}\n".encode())
+        conn.sendall(f"hello {self.hosts.here} {greeting(self.hosts.here)}\n".encode())
         first = self.hosts.first
         with self._lock:
             self._peers[first] = conn
@@ -232,6 +248,18 @@ class HostLink:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+def greeting(host: str) -> str:
+    """The tag of the job's secret that the launcher of ``host`` greets with."""
+    return secret.tag("hosts", host).hex()
+
+
+def _peer(conn: socket.socket):
+    try:
+        return conn.getpeername()
+    except OSError:
+        return None
 
 
 #: What :meth:`kspipe.launchers.watcher.Cluster.wait` adds to a failure from elsewhere.

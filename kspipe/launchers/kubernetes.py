@@ -11,6 +11,11 @@ job's name, so its processes share one run folder, ``outputs/job-<name>`` (kspip
 give the pods a shared volume as their working folder (or ``run_dir=`` on one) and a
 ``tracking.uri`` they all reach.  A pod that Kubernetes restarts records into the job's
 MLflow run (:mod:`kspipe.observers.mlflow.earlier_runs`).
+
+The pods share the job's secret (:mod:`kspipe.cluster.secret`) through a Kubernetes
+Secret, ``<name>-kspipe``, that the manifest's containers read as ``KSPIPE_JOB_SECRET``;
+kspipe writes no secret to disk: the line that names the manifest gives the one command
+that makes it (:func:`secret_command`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import secrets
 import time
 
 from kspipe import hookimpl
+from kspipe.cluster.secret import SECRET_ENV
 from kspipe.errors import ConfigError
 from kspipe.job import JOB_TOKEN_ENV
 from kspipe.launchers.processes import ProcessLauncher
 
 API_VERSION = "batch.paddlepaddle.org/v1"
+#: The key of the job's Kubernetes Secret that holds its secret.
+SECRET_KEY = "secret"
 
 
 class PaddleJobLauncher(ProcessLauncher):
@@ -36,8 +44,11 @@ class PaddleJobLauncher(ProcessLauncher):
         return cfg.mode in ("pserver", "collective")
 
     def hand_off(self, cfg, overrides: list[str]) -> str:
-        path = write(cfg, overrides, cfg.run_dir)
-        return f"wrote the PaddleJob {path}; start it with kubectl apply -f {path}"
+        path, name = write(cfg, overrides, cfg.run_dir)
+        return (
+            f"wrote the PaddleJob {path}; make its secret with {secret_command(name)}, "
+            f"then start it with kubectl apply -f {path}"
+        )
 
     def check(self, cfg, processes: int) -> None:
         raise ConfigError(
@@ -82,7 +93,13 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
             "name": "kspipe",
             "image": str(cfg.cluster.image),
             "command": pod_command(overrides, name),
-            "env": [{"name": JOB_TOKEN_ENV, "value": token}],
+            "env": [
+                {"name": JOB_TOKEN_ENV, "value": token},
+                {
+                    "name": SECRET_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": SECRET_KEY}},
+                },
+            ],
         }
         return {"replicas": count, "template": {"spec": {"containers": [container]}}}
 
@@ -98,8 +115,21 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
     }
 
 
-def write(cfg, overrides: list[str], run_dir: str) -> str:
-    """Write ``<run_dir>/paddlejob.yaml``; its path."""
+def secret_name(name: str) -> str:
+    """The Kubernetes Secret that holds the job ``name``'s secret."""
+    return f"{name}-kspipe"
+
+
+def secret_command(name: str) -> str:
+    """The command that makes the job ``name``'s Secret (a new random value)."""
+    return (
+        f"kubectl create secret generic {secret_name(name)} "
+        f"--from-literal={SECRET_KEY}=$(openssl rand -hex 32)"
+    )
+
+
+def write(cfg, overrides: list[str], run_dir: str) -> tuple[str, str]:
+    """Write ``<run_dir>/paddlejob.yaml``; its path and the job's name."""
     import yaml
 
     name = cfg.cluster.get("job_id") or time.strftime("kspipe-%Y%m%d-%H%M%S")
@@ -108,4 +138,4 @@ def write(cfg, overrides: list[str], run_dir: str) -> str:
     path = os.path.join(run_dir, "paddlejob.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(job, f, sort_keys=False)
-    return path
+    return path, str(name)

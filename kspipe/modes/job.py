@@ -24,6 +24,12 @@ class ClusterJob:
         #: ``launcher``: the process launcher (:mod:`kspipe.launchers.processes`) that starts
         #: the planned processes (None: as they are, on this host)
         self.cfg, self.hosts, self.launcher = cfg, hosts, launcher
+        if self.mode != "local":  # the job's secret, before anything starts
+            from kspipe.cluster import secret
+
+            secret.ensure(
+                cfg.cluster.get("secret_file"), across_hosts=hosts is not None, new_job=True
+            )
 
     def is_first_worker(self) -> bool:
         """Whether worker 0 runs on this host (this command records the run)."""

@@ -88,7 +88,7 @@ def test_four_hosts_finish_with_the_parameters_of_one(bags_env, bags_run, tmp_pa
                         f"cluster.timeout_s={JOB_TIMEOUT_S}",
                     ],
                     cwd=tmp_path,
-                    env=bags_env,
+                    env=dict(bags_env, KSPIPE_JOB_SECRET="9d" * 32),  # the same on every host
                     stdout=out,
                     stderr=err,
                 )

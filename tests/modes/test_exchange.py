@@ -11,7 +11,10 @@ workloads/test_learning.py.
 """
 
 import json
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +34,14 @@ START = {
 }
 
 
-def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
+def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True, beside=None):
+    """Each worker's record; ``beside(plan)``, if given, runs while the job does."""
     out = tmp_path / "out"
     out.mkdir()
     cluster = Cluster(str(tmp_path), echo_first_worker=False)
     plan = launch_plan("pserver", 2, servers, threads=1)
+    stop = threading.Event()
+    visiting = threading.Thread(target=beside, args=(plan, stop), daemon=True) if beside else None
     try:
         for p in plan:
             cluster.start(
@@ -52,9 +58,14 @@ def exchange_job(tmp_path, strategy, k_steps, rounds, servers, wait_push=True):
                     str(int(wait_push)),
                 ],
             )
+            if visiting is not None and p.role == "server":
+                visiting.start()  # from the servers' start, through the workers' meeting
         cluster.wait(timeout_s=120)
     finally:
+        stop.set()
         cluster.stop()
+        if visiting is not None:
+            visiting.join(30)
     return [json.loads((out / f"worker{w}.json").read_text()) for w in range(2)]
 
 
@@ -99,6 +110,38 @@ def check_arithmetic(records, strategy, k_steps, rounds):
             else:  # geo between exchanges: the local changes alone
                 assert held["own"][w] == [r * k_steps * scale + into] * 3, (w, step, held)
         assert_holds(record["final"], servers_after(rounds, k_steps, scale), f"worker {w} final")
+
+
+def strangers_at_the_book(plan, stop) -> None:
+    """Until ``stop``: requests without the job's secret at the gloo meeting point (the bare
+    keys gloo asks for, a guessed prefix, a huge value, garbage), as fast as it answers."""
+    host, _, port = plan[0].env["PADDLE_GLOO_HTTP_ENDPOINT"].rpartition(":")
+    requests = [
+        b"PUT /_worker/1 HTTP/1.0\r\nContent-Length: 4\r\n\r\nfake",
+        b"PUT /worker/0 HTTP/1.0\r\nContent-Length: 4\r\n\r\nfake",
+        b"GET /" + b"0" * 32 + b"_worker/1 HTTP/1.0\r\n\r\n",
+        b"PUT /_server/0 HTTP/1.0\r\nContent-Length: 1099511627776\r\n\r\n",
+        b"\x00\xff garbage\r\n\r\n",
+    ]
+    while not stop.is_set():
+        for request in requests:
+            try:
+                with socket.create_connection((host, int(port)), timeout=2) as stranger:
+                    stranger.sendall(request)
+                    stranger.recv(1024)
+            except OSError:  # not listening yet, or gone
+                time.sleep(0.01)
+
+
+def test_strangers_at_the_meeting_point_change_nothing(tmp_path):
+    """Strangers at server 0's gloo meeting point from the job's start to its end: the sync
+    arithmetic is exact as without them, and server 0's log says it refused them."""
+    rounds = 3
+    records = exchange_job(tmp_path, "sync", 1, rounds, 1, beside=strangers_at_the_book)
+    check_arithmetic(records, "sync", 1, rounds)
+    log = (tmp_path / "logs" / "server.0.log").read_text()
+    assert "kspipe: refused a connection to the gloo meeting point from 127.0.0.1:" in log
+    assert "Traceback" not in log
 
 
 def test_sync_loses_nothing_on_an_overloaded_machine(tmp_path):

@@ -15,6 +15,8 @@ from kspipe.testing import run_statuses, tiny_overrides
 from tests.kit import job_processes
 
 HOST_A, HOST_B, HOST_C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+#: The job's secret, the same on every host (kspipe.cluster.secret)
+SECRET = "3c" * 32
 
 
 def free_base(span: int = 8) -> int:
@@ -58,6 +60,7 @@ def launch(tmp_path, data, host, base, *extra, servers=(HOST_A,)):
     return subprocess.Popen(
         [sys.executable, "-m", "kspipe.cli.command", *args],
         cwd=tmp_path,
+        env=dict(os.environ, KSPIPE_JOB_SECRET=SECRET),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,6 +82,12 @@ def test_two_hosts_finish_with_one_run(tmp_path, tiny_data):
     assert (tmp_path / HOST_B / "logs" / "worker.1.log").exists()
     assert "meta-train" in (tmp_path / HOST_B / "logs" / "worker.1.log").read_text()
     assert not job_processes(tmp_path)
+    assert not holding(tmp_path, SECRET.encode())  # not in params, artifacts or logs
+
+
+def holding(folder, text: bytes) -> list:
+    """The files under ``folder`` that hold ``text``."""
+    return [p for p in folder.rglob("*") if p.is_file() and text in p.read_bytes()]
 
 
 def worker_pid(tmp_path, index):

@@ -24,6 +24,8 @@ from tests.kit import SCHEDULED_COLLECTIVE, latest_weights, scheduled_overrides
 #: what kspipe's launcher gives each process (one math thread each on 2 cores), so that
 #: the float sums are the same
 THREADS = {"OMP_NUM_THREADS": "1", "KSPIPE_THREADS": "1"}
+#: the job's secret, which whoever starts the roles hands to each (kspipe.cluster.secret)
+SECRET = {"KSPIPE_JOB_SECRET": "5e" * 32}
 
 
 def check_one_job(tmp: Path, expected: dict) -> Path:
@@ -71,7 +73,7 @@ def test_pods_started_apart_with_a_paddlejobs_environment_are_one_job(
                         *scheduled_overrides(tmp_path, tiny_data),
                     ],
                     cwd=tmp_path,
-                    env=dict(os.environ, **job, **pod),
+                    env=dict(os.environ, **job, **pod, **SECRET),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
@@ -114,7 +116,7 @@ def test_paddles_launcher_starts_one_job(tmp_path, tiny_data, form, request):
             *job,
         ],
         cwd=tmp_path,
-        env=dict(os.environ, **THREADS),
+        env=dict(os.environ, **THREADS, **SECRET),
         capture_output=True,
         text=True,
         timeout=600,
@@ -210,6 +212,20 @@ def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
         (
             {
                 "TRAINING_ROLE": "TRAINER",
+                "PADDLE_TRAINER_ID": "0",
+                "PADDLE_TRAINERS_NUM": "1",
+                "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
+                "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7000",
+                "PADDLE_WITH_GLOO": "1",
+                "PADDLE_GLOO_RENDEZVOUS": "3",
+                "PADDLE_GLOO_HTTP_ENDPOINT": "127.0.0.1:7001",
+                "KSPIPE_JOB_SECRET": "",
+            },
+            "TRAINER: KSPIPE_JOB_SECRET not set in the environment",
+        ),
+        (
+            {
+                "TRAINING_ROLE": "TRAINER",
                 "PADDLE_TRAINER_ID": "2",
                 "PADDLE_TRAINERS_NUM": "2",
                 "PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:7002",
@@ -247,7 +263,7 @@ def test_an_environment_missing_what_a_role_needs_is_one_line(
     result = subprocess.run(
         [sys.executable, "-m", "kspipe.cli.command", *scheduled_overrides(tmp_path, tiny_data)],
         cwd=tmp_path,
-        env=dict(clean, **environment),
+        env={**clean, **SECRET, **environment},
         capture_output=True,
         text=True,
         timeout=300,
@@ -266,9 +282,10 @@ def test_an_environment_missing_what_a_role_needs_is_one_line(
 OPERATOR_PORT, OPERATOR_PORTS = 36000, 20
 
 
-def operator_environments(job: dict) -> list[tuple[str, dict]]:
+def operator_environments(job: dict, secrets: dict) -> list[tuple[str, dict]]:
     """Each pod of ``job`` (a PaddleJob) with the environment paddle-operator gives it
-    (its ConfigMap, POD_IP, PADDLE_TRAINER_ID, TRAINING_ROLE), pod IPs on loopback."""
+    (its ConfigMap, POD_IP, PADDLE_TRAINER_ID, TRAINING_ROLE, and the container's own
+    variables, a Secret's from ``secrets``: {(secret, key): value}), pod IPs on loopback."""
     spec = job["spec"]
     kinds = [("ps", "PSERVER"), ("worker", "TRAINER")]
     pods, address = [], 2
@@ -303,10 +320,18 @@ def operator_environments(job: dict) -> list[tuple[str, dict]]:
             "PADDLE_TRAINER_ID": str(index),
             "TRAINING_ROLE": role,
             "PADDLE_TRAINING_ROLE": role,
-            **{e["name"]: e["value"] for e in container.get("env", [])},
+            **{e["name"]: value_of(e, secrets) for e in container.get("env", [])},
         }
         out.append((f"{kind}-{index}", {"command": container["command"], "env": env}))
     return out
+
+
+def value_of(variable: dict, secrets: dict) -> str:
+    """A container's variable as Kubernetes sets it: its value, or its Secret's key's."""
+    if "value" in variable:
+        return variable["value"]
+    ref = variable["valueFrom"]["secretKeyRef"]
+    return secrets[ref["name"], ref["key"]]
 
 
 def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
@@ -331,15 +356,24 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
     assert wrote.returncode == 0, wrote.stderr[-3000:]
     (line,) = [line for line in wrote.stdout.splitlines() if "PaddleJob" in line]
     path = Path(line.split("kubectl apply -f ")[1])
-    assert line == f"kspipe: wrote the PaddleJob {path}; start it with kubectl apply -f {path}"
     job = yaml.safe_load(path.read_text())
+    name = job["metadata"]["name"]
+    make = (
+        f"kubectl create secret generic {name}-kspipe --from-literal=secret=$(openssl rand -hex 32)"
+    )
+    assert line == (
+        f"kspipe: wrote the PaddleJob {path}; make its secret with {make}, "
+        f"then start it with kubectl apply -f {path}"
+    )
+    assert "KSPIPE_JOB_SECRET=" not in path.read_text()  # the manifest holds no secret
     assert (job["apiVersion"], job["kind"]) == ("batch.paddlepaddle.org/v1", "PaddleJob")
     assert (job["spec"]["ps"]["replicas"], job["spec"]["worker"]["replicas"]) == (1, 2)
     assert run_statuses(tmp_path / "mlflow.db") == []
 
     pods = []
     try:
-        for _, pod in operator_environments(job):
+        made = {(f"{name}-kspipe", "secret"): "5e" * 32}  # what the kubectl command makes
+        for _, pod in operator_environments(job, made):
             command = pod["command"]
             assert command[0] == "kspipe"
             pods.append(

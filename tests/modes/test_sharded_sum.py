@@ -12,11 +12,18 @@ import threading
 import numpy as np
 import pytest
 
+from kspipe.cluster import secret
 from kspipe.cluster.addresses import AddressBook
 from kspipe.errors import ClusterError
 from kspipe.modes import summing
 from kspipe.modes.ps import sharded, summer
-from tests.modes.test_summing import Workers, in_worker_order
+from tests.kit.workers import Workers, in_worker_order
+
+
+@pytest.fixture(autouse=True)
+def job_secret(monkeypatch):
+    """The secret the kspipe command hands every process of a job (its summers inherit it)."""
+    monkeypatch.setenv(secret.SECRET_ENV, "cd" * 32)
 
 
 class Job(Workers):
@@ -152,7 +159,8 @@ def test_two_workers_or_no_address_book_keep_the_chain_alone(monkeypatch, book, 
 
 def test_a_stranger_at_a_summers_listener_changes_nothing(summers):
     """Connections that name no worker (garbage, an index beyond the workers, half a
-    greeting) or a worker already in are closed unread; the summer sums as without them."""
+    greeting, a worker's index without the job's tag) or a worker already in are closed;
+    the summer sums as without them."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=16)
     address = listener.getsockname()
     summers.append(summer.launch(listener, 3, 1000, "float64", 256))
@@ -162,13 +170,14 @@ def test_a_stranger_at_a_summers_listener_changes_nothing(summers):
         link.sendall(greeting)
         return link
 
-    for greeting in (b"garbage!", summer.HELLO.pack(7), b"\x00"):
+    wrong = summer.HELLO.pack(0, bytes(secret.TAG_BYTES))  # worker 0 without the secret
+    for greeting in (b"garbage!", summer.HELLO.pack(7, bytes(32)), b"\x00", wrong):
         greet(greeting).close()
-    workers = {1: greet(summer.HELLO.pack(1))}
-    twin = greet(summer.HELLO.pack(1))  # after worker 1: turned away
+    workers = {1: greet(summer.greeting(1))}
+    twin = greet(summer.greeting(1))  # after worker 1: turned away
     assert twin.recv(1) == b""
     twin.close()
-    workers[0], workers[2] = greet(summer.HELLO.pack(0)), greet(summer.HELLO.pack(2))
+    workers[0], workers[2] = greet(summer.greeting(0)), greet(summer.greeting(2))
     arrays = [np.full(1000, 10.0 ** (8 * w)) + np.arange(1000) / 3 for w in range(3)]
     for w in (0, 1, 2):  # each worker's slice; the totals wait in each link
         workers[w].sendall(arrays[w].tobytes())

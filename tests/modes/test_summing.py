@@ -3,46 +3,23 @@ exactly the sum in worker order, whatever the chunking, and strangers kept out."
 
 from __future__ import annotations
 
+import hmac
 import socket
 import threading
 
 import numpy as np
 import pytest
 
+from kspipe.cluster import secret
+from kspipe.errors import ConfigError
 from kspipe.modes import summing
+from tests.kit.workers import Workers, in_worker_order
 
 
-class Workers:
-    """``count`` workers' roles in threads of this process; ``all_gather`` meets at a
-    barrier, as fleet's gloo does."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.barrier = threading.Barrier(count, timeout=30)
-        self.values: list = [None] * count
-        self.endpoints = [f"127.0.0.1:{7000 + i}" for i in range(count)]
-
-    def role(self, index: int):
-        workers = self
-
-        class Role:
-            def worker_index(self):
-                return index
-
-            def worker_num(self):
-                return workers.count
-
-            def get_trainer_endpoints(self):
-                return list(workers.endpoints)
-
-            def all_gather(self, value):
-                workers.values[index] = value
-                workers.barrier.wait()
-                gathered = list(workers.values)
-                workers.barrier.wait()
-                return gathered
-
-        return Role()
+@pytest.fixture(autouse=True)
+def job_secret(monkeypatch):
+    """The secret the kspipe command hands every process of a job."""
+    monkeypatch.setenv(secret.SECRET_ENV, "ab" * 32)
 
 
 def run_workers(count: int, arrays: list, rounds: int = 2, before=None) -> list:
@@ -69,13 +46,6 @@ def run_workers(count: int, arrays: list, rounds: int = 2, before=None) -> list:
     return results
 
 
-def in_worker_order(arrays: list) -> np.ndarray:
-    total = arrays[0].copy()
-    for array in arrays[1:]:
-        total += array
-    return total
-
-
 @pytest.mark.parametrize(
     "count,chunk_bytes,dtype",
     [(2, 1 << 18, "float64"), (5, 1000, "float64"), (7, 8, "float64"), (5, 1000, "float32")],
@@ -99,25 +69,92 @@ def test_the_chain_sums_in_worker_order_bit_for_bit(monkeypatch, count, chunk_by
         np.testing.assert_array_equal(result, expected)
 
 
-def test_a_stranger_at_a_workers_listener_is_turned_away(monkeypatch):
-    """Connections that do not name the worker before in the chain (garbage, another index)
-    are closed; the chain forms and sums as without them."""
-    listening = []
+#: What strangers send a worker's listener: garbage, a greeting of another index (its tag
+#: too), the right index without the secret, a tag of a wrong secret, a huge message, and
+#: nothing at all (a connection left open).
+def strangers(index: int) -> list:
+    wrong = hmac.new(b"not the job's secret", f"chain\0{index}".encode(), "sha256").digest()
+    return [
+        b"garbage!",
+        summing.hello(index + 5),
+        summing.HELLO.pack(index, bytes(32)),
+        summing.HELLO.pack(index, wrong),
+        b"\xff" * (1 << 20),
+        b"",
+    ]
+
+
+def test_strangers_at_a_workers_listener_are_turned_away(monkeypatch, capfd):
+    """Connections that do not greet as the worker before in the chain with the job's tag
+    are closed, each said in one line; one that sends nothing does not hold the worker
+    before out; the chain forms and sums as without them."""
+    listening, left_open, visitors = [], [], []
     real_accept_from = summing.accept_from
+
+    def visit(address, index):
+        for greeting in strangers(index):
+            try:  # the listener closes once the worker before got in
+                stranger = socket.create_connection(address, timeout=5.0)
+                left_open.append(stranger)
+                stranger.sendall(greeting)
+            except OSError:  # closed, or the huge one: no one reads it all
+                pass
 
     def accept_from(listener, index):
         listening.append(listener.getsockname())
-        for greeting in (b"garbage!", summing.HELLO.pack(index + 5), b"\x00"):
-            with socket.create_connection(listener.getsockname()) as stranger:
-                stranger.sendall(greeting)
+        visiting = threading.Thread(target=visit, args=(listener.getsockname(), index))
+        visiting.start()  # while the worker waits for the one before it
+        visitors.append(visiting)
         return real_accept_from(listener, index)
 
     monkeypatch.setattr(summing, "accept_from", accept_from)
+    monkeypatch.setattr(summing, "GREETING_TIMEOUT_S", 0.5)
     arrays = [np.full(1000, float(i + 1)) for i in range(3)]
-    for result in run_workers(3, arrays):
-        np.testing.assert_array_equal(result, np.full(1000, 6.0))
+    try:
+        for result in run_workers(3, arrays):
+            np.testing.assert_array_equal(result, np.full(1000, 6.0))
+    finally:
+        for visiting in visitors:
+            visiting.join(30)
+        for stranger in left_open:
+            stranger.close()
     assert len(listening) == 2  # workers 1 and 2 each listened, on their own address
     assert all(host == "127.0.0.1" for host, _ in listening)
+    refused = [line for line in capfd.readouterr().err.splitlines() if "refused" in line]
+    said = "kspipe: refused a connection to the sum's chain"
+    assert all(line.startswith(said) for line in refused), refused
+
+
+def test_a_listener_takes_the_worker_before_after_strangers(monkeypatch, capfd):
+    """Strangers connected first, the worker before last: the one taken is the worker, and
+    each stranger that sent a whole greeting's length is refused in one line."""
+    monkeypatch.setattr(summing, "GREETING_TIMEOUT_S", 30.0)
+    with socket.create_server(("127.0.0.1", 0), backlog=summing.GREETING_PEERS) as listener:
+        visitors = []
+        for greeting in strangers(0):
+            stranger = socket.create_connection(listener.getsockname(), timeout=1.0)
+            visitors.append(stranger)
+            try:
+                stranger.sendall(greeting)
+            except OSError:  # the huge one: no one reads it all
+                pass
+        worker = socket.create_connection(listener.getsockname())
+        worker.sendall(summing.hello(0) + b"after the greeting")
+        taken = summing.accept_from(listener, 0)
+    with taken, worker:
+        assert summing.receive(taken, len(b"after the greeting")) == b"after the greeting"
+    for stranger in visitors:
+        stranger.close()
+    err = capfd.readouterr().err
+    assert err.count("kspipe: refused a connection to the sum's chain from 127.0.0.1:") == 4, err
+    assert err.count("not the job's worker 0") == 4, err  # index 5, no tag, a wrong one, huge
+    assert "Traceback" not in err
+
+
+def test_a_worker_without_the_secret_cannot_greet(monkeypatch):
+    monkeypatch.delenv(secret.SECRET_ENV)
+    with pytest.raises(ConfigError, match=secret.SECRET_ENV):
+        summing.hello(1)
 
 
 @pytest.mark.parametrize("leaves", ["at once", "after the partial sums"])

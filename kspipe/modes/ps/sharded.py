@@ -38,12 +38,14 @@ import time
 
 import numpy as np
 
+from kspipe.cluster import secret
 from kspipe.errors import ClusterError
 from kspipe.modes import summing
 from kspipe.modes.ps import summer
 
-#: Where server s's summer's port is kept in the meeting point's address book.
-BOOK_KEY = "/kspipe-shard-summer/{}"
+#: Where server s's summer's port is kept in the meeting point's address book: under the
+#: job's token, as gloo's keys (the book answers no other path).
+BOOK_KEY = "/{token}_summer/{server}"
 #: How long a worker waits for a server's summer to be announced, and to connect to it.
 FIND_TIMEOUT_S = 300.0
 POLL_S = 0.02
@@ -102,7 +104,7 @@ def start_summer(role, size: int, dtype: str = DTYPE, chunk_bytes: int = summer.
     listener = socket.create_server((host, 0), backlog=max(8, role.worker_num()))
     port = listener.getsockname()[1]
     process = summer.launch(listener, role.worker_num(), end - start, dtype, chunk_bytes)
-    put(meeting_book(), BOOK_KEY.format(index), str(port))
+    put(meeting_book(), book_key(index), str(port))
     print(
         f"server {index}: its shard summer sums values [{start}, {end}) of the "
         f"{role.worker_num()} workers' rounds at {host}:{port}",
@@ -196,7 +198,7 @@ class Move(threading.Thread):
 
 def connect(endpoint: str, server: int, index: int) -> socket.socket:
     """This worker's link to server ``server``'s summer (its port from the address book)."""
-    port = int(look_up(meeting_book(), BOOK_KEY.format(server)))
+    port = int(look_up(meeting_book(), book_key(server)))
     host = endpoint.rpartition(":")[0]
     if not 0 < port < 65536:
         raise ClusterError(f"server {server}'s shard summer was announced at port {port}")
@@ -204,13 +206,17 @@ def connect(endpoint: str, server: int, index: int) -> socket.socket:
         link = socket.create_connection((host, port), timeout=FIND_TIMEOUT_S)
         link.settimeout(None)
         link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link.sendall(summer.HELLO.pack(index))
+        link.sendall(summer.greeting(index))
     except OSError as err:
         raise ClusterError(
             f"worker {index} cannot reach server {server}'s shard summer at {host}:{port}: "
             f"{err.strerror or err}"
         ) from err
     return link
+
+
+def book_key(server: int) -> str:
+    return BOOK_KEY.format(token=secret.token("gloo"), server=server)
 
 
 def put(book: str, key: str, value: str) -> None:

@@ -8,15 +8,16 @@ and why): the servers' links, idle in a sync round, then carry part of its bytes
 Why a process of its own: Paddle's server loop (``fleet.run_server``) holds the Python
 interpreter's lock in C++, so a thread of the server's process would never run.  The
 server binds the listener on its own address, starts this module with it
-(:func:`launch`) and announces its port; the summer imports numpy and the standard
-library only.
+(:func:`launch`) and announces its port; the summer imports numpy, the standard library
+and the job's secret (:mod:`kspipe.cluster.secret`) only.
 
 Every element is added in worker order, ``((v0 + v1) + v2) + ...``, in the array's dtype,
 as the chain adds: the total is the chain's bit for bit.  The slice moves a chunk at a
 time, so the totals of the first chunks go back while the later ones still come in.
 
 What a peer can make it do: a connection counts only once it names a worker index that
-no connection has named yet (any other is closed, and the summer goes on); no length is
+no connection has named yet, with that worker's tag of the job's secret (any other is
+closed, said in the server's log, and the summer goes on); no length is
 ever read from a peer (both sides know the slice's size).  It ends when its standard input
 closes (its server ended, however it ended), and when any worker's link closes or fails:
 at the job's end, or when a worker leaves mid-round; its links then close (once the totals
@@ -35,7 +36,10 @@ import threading
 
 import numpy as np
 
-HELLO = struct.Struct("!Q")  # the connecting worker's index (as kspipe.modes.summing's)
+from kspipe.cluster import secret
+
+HELLO = struct.Struct(f"!Q{secret.TAG_BYTES}s")  # the connecting worker's index; its tag
+WHAT = "a shard summer"
 #: A chunk: its total goes back once every worker's chunk is in, so a round's first
 #: total waits for ``workers`` chunks on the server's link; small keeps that short.
 CHUNK_BYTES = 1 << 15
@@ -82,29 +86,41 @@ def launch(
 
 
 def accept_workers(listener: socket.socket, workers: int) -> list:
-    """One link from each worker, in index order: the first connection that names each
-    index; every other connection is closed."""
+    """One link from each worker, in index order: the first connection that greets as each
+    worker (:func:`greeting`); every other connection is closed."""
     links: list = [None] * workers
     listener.settimeout(None)  # the first worker comes when training starts
     while None in links:
         try:
-            peer, _ = listener.accept()
+            peer, address = listener.accept()
         except TimeoutError as err:
             raise Left(f"the workers did not all join within {JOIN_TIMEOUT_S:.0f} s") from err
         peer.settimeout(HELLO_TIMEOUT_S)
         try:
-            (named,) = HELLO.unpack(receive(peer, HELLO.size))
+            named, _ = HELLO.unpack(got := receive(peer, HELLO.size))
         except (Left, OSError):
-            named = None
-        if named is not None and named < workers and links[named] is None:
+            named, got = None, b""
+        if (
+            named is not None
+            and named < workers
+            and links[named] is None
+            and secret.matches(got, greeting(named))
+        ):
             peer.settimeout(None)
             peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             links[named] = peer
             listener.settimeout(JOIN_TIMEOUT_S)
         else:
+            secret.refused(WHAT, address, "not a worker of the job, or one already in")
             peer.close()
     listener.close()
     return links
+
+
+def greeting(index: int) -> bytes:
+    """What worker ``index`` sends first on its link to a summer: its index and its tag of
+    the job's secret (:mod:`kspipe.cluster.secret`)."""
+    return HELLO.pack(index, secret.tag("summer", str(index)))
 
 
 def sum_rounds(links: list, length: int, dtype: str, chunk_bytes: int = CHUNK_BYTES) -> None:
