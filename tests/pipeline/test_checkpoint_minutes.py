@@ -16,6 +16,7 @@ from kspipe.checkpoint_schedule import Schedule
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import compose_config, plugin_manager
+from tests.kit.workers import Workers
 
 
 def clock(times):
@@ -29,30 +30,6 @@ def test_one_process_checkpoints_every_so_many_steps_and_seconds():
     assert [step for step in range(1, 9) if schedule.due(step)] == [3, 6, 8]
     by_steps = Schedule(3, None, 1)  # no clock read without minutes
     assert [step for step in range(2, 10) if by_steps.due(step)] == [3, 6, 9]
-
-
-class Workers:
-    """``role.all_gather`` of workers that run in threads of one process."""
-
-    def __init__(self, count):
-        self.count, self.values = count, [None] * count
-        self.barrier = threading.Barrier(count)
-
-    def role(self, index):
-        workers = self
-
-        class Role:
-            def worker_num(self):
-                return workers.count
-
-            def all_gather(self, value):
-                workers.values[index] = value
-                workers.barrier.wait()
-                gathered = list(workers.values)
-                workers.barrier.wait()
-                return gathered
-
-        return Role()
 
 
 def test_workers_whose_clocks_differ_checkpoint_after_the_same_steps():
