@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from kspipe.errors import ConfigError, first_line
+from kspipe.errors import ConfigError, check_integer, first_line
 
 
 def compose(overrides=(), config_dirs=(), schemas=None):
@@ -187,3 +187,5 @@ def validate(cfg) -> None:
     check_key_names(cfg)
     for key in ("workers", "servers"):
         parse_endpoints(cfg.get(key), key)
+    if cfg.get("cluster") is not None and cfg.cluster.get("max_restarts") is not None:
+        check_integer(cfg.cluster.max_restarts, "cluster.max_restarts", 0)

@@ -25,6 +25,7 @@ from pluggy import PluginManager
 from kspipe import config as kconfig
 from kspipe import heartbeat, incremental, job
 from kspipe.errors import ConfigError, storage_error
+from kspipe.launchers import restarts
 from kspipe.plugin_manager import STAGES, get_plugin_manager, implementers
 from kspipe.reporting import Reporter, say
 
@@ -65,7 +66,7 @@ def run(cfg, pm=None, workload=None) -> dict:
     pm.hook.kspipe_run_start(cfg=cfg, role=role, run_dir=run_dir, workload=workload)
     try:
         if role.is_cluster_job:  # it starts the job's processes, which run the stages
-            metrics = role.launch(reporter)
+            metrics = restarts.launch(role, cfg, reporter)  # again, cluster.max_restarts
         else:
             metrics = run_stages(cfg, stages, role, reporter)
     except BaseException as error:

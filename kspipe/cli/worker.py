@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from kspipe import heartbeat, stopping
-    from kspipe.errors import KspipeError, print_error
+    from kspipe.errors import KspipeError, NonFiniteError, print_error
+    from kspipe.launchers.restarts import NON_FINITE_EXIT
     from kspipe.pipeline import run
 
     if len(argv) != 1:
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
         run(cfg)
     except KspipeError as err:
         print_error(err)
-        return err.exit_code
+        return NON_FINITE_EXIT if isinstance(err, NonFiniteError) else err.exit_code
     except stopping.Preempted as stop:
         print_error(f"stopped by {stop.name}")
         return stop.exit_code

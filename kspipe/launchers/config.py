@@ -38,5 +38,12 @@ class LauncherConfig:
     # manifest to apply: kspipe/launchers/kubernetes.py) | paddle (python -m
     # paddle.distributed.launch starts them: kspipe/launchers/paddle.py) | a plugin's
     launcher: str = "processes"
+    # how many times a job whose process died (a signal, a crash, a host lost) starts again
+    # from its latest checkpoint, in the same run (kspipe/launchers/restarts.py).  0: a
+    # restart repeats the work since that checkpoint and can hide a failing machine, so it
+    # is asked for; a long job across hosts, where one lost process should not end it, sets
+    # a few (3, as is common with TorchElastic).  Schedulers restart on their own too:
+    # Slurm's --requeue, a PaddleJob's own settings (the manifest carries this value)
+    max_restarts: int = 0
     slurm_args: List[str] = field(default_factory=list)  # sbatch options, when kspipe submits
     image: Optional[str] = None  # launcher=paddlejob: the pods' container image

@@ -16,6 +16,15 @@ the log) and changes nothing.  Then:
   :class:`kspipe.launchers.watcher.Cluster`);
 * a launcher whose part finished says ``done``.
 
+With ``cluster.max_restarts`` (:mod:`kspipe.launchers.restarts`) the first host decides
+whether the job starts again.  A failure's ``failed`` line is then preceded by ``kind
+<why>`` (what the failure was: a restart cannot mend a user's error), and the first host
+answers a failure, its own or another host's, with ``restart <n> <checkpoint> <why>``
+(``-``: from the start) instead of ``failed``: each other launcher stops its processes
+(or, where the failure was its own, waits for that word after its ``failed``), hangs up,
+and starts its part again from that checkpoint, connecting anew to the first host, which
+listens again on the same endpoint.
+
 The first host fails the job if a host has not connected within ``cluster.hosts_timeout_s``.
 """
 
@@ -92,6 +101,10 @@ class HostLink:
         self._listener: socket.socket | None = None
         self._opened = 0.0
         self._closing = False
+        self._kind: dict[str, str] = {}  # a host's failure's kind (its ``kind`` line)
+        self.restart: int | None = None  # the first host's word: restart number n,
+        self.restart_from: str | None = None  # from this checkpoint (None: the start)
+        self._answered = threading.Event()  # the first host said restart or failed, or left
 
     # --- opening ------------------------------------------------------------------
 
@@ -183,14 +196,27 @@ class HostLink:
                 if word == "done":
                     with self._lock:
                         self._done.add(host)
+                elif word == "kind":
+                    self._kind[host] = why
                 elif word == "failed":
-                    self._fail(relayed(host, why))
+                    self._fail(Relayed(relayed(host, why), self._kind.get(host, "host")))
+                    self._answered.set()
+                elif word == "restart":
+                    number, _, why = why.partition(" ")
+                    start, _, why = why.partition(" ")
+                    self.restart = int(number) if number.isdigit() else 0
+                    self.restart_from = None if start == "-" else start
+                    self._fail(Relayed(f"the first host restarts the job: {why}", "restart"))
+                    self._answered.set()
         except OSError:
             pass
+        self._answered.set()
         with self._lock:
             done = host in self._done
         if not done and not self._closing:
-            self._fail(f"the launcher on {host} went away (killed, or its machine was lost)")
+            self._fail(
+                Relayed(f"the launcher on {host} went away (killed, or its machine was lost)")
+            )
 
     def _fail(self, message: str) -> None:
         with self._lock:
@@ -210,9 +236,12 @@ class HostLink:
                 missing = self.hosts.others - set(self._peers)
             if missing:
                 self._fail(
-                    f"the launcher of {', '.join(sorted(missing))} did not connect to "
-                    f"{self._endpoint()} within cluster.hosts_timeout_s="
-                    f"{self.timeout_s:g} s"
+                    Relayed(
+                        f"the launcher of {', '.join(sorted(missing))} did not connect to "
+                        f"{self._endpoint()} within cluster.hosts_timeout_s="
+                        f"{self.timeout_s:g} s",
+                        "timeout",
+                    )
                 )
         return self._failure
 
@@ -231,10 +260,30 @@ class HostLink:
                 return f"no word from the first host's launcher within {timeout_s:g} s"
             time.sleep(0.1)
 
-    def close(self, failure: str | None = None) -> None:
-        """Tell the other launchers this host's part is done (or why it failed); hang up."""
+    def close(
+        self,
+        failure: str | None = None,
+        kind: str = "",
+        restart: int | None = None,
+        answer_s: float = 0.0,
+        start: str | None = None,
+    ) -> None:
+        """Tell the other launchers this host's part is done, or why it failed (``kind``:
+        what the failure was), or, on the first host, that the job starts again as restart
+        ``restart`` from the checkpoint named ``start`` (None: from its start); hang up.
+        ``answer_s``: on another host, wait as long for the first host's answer to a
+        failure (``restart`` sets :attr:`restart`)."""
+        one_line = " ".join((failure or "").split())
+        if failure is None:
+            message = "done\n"
+        elif restart is not None:
+            message = f"restart {restart} {start or '-'} {one_line}\n"
+        else:
+            message = (f"kind {kind}\n" if kind else "") + f"failed {one_line}\n"
+        if answer_s and failure is not None and not self.hosts.is_first:
+            self._send(message)
+            self._answered.wait(answer_s)
         self._closing = True
-        message = "done\n" if failure is None else f"failed {' '.join(failure.split())}\n"
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
@@ -248,6 +297,25 @@ class HostLink:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+    def _send(self, message: str) -> None:
+        with self._lock:
+            peers = list(self._peers.values())
+        for conn in peers:
+            try:
+                conn.sendall(message.encode())
+            except OSError:
+                pass
+
+
+class Relayed(str):
+    """A failure from the job's control link, with the kind of failure it was
+    (a :class:`kspipe.launchers.restarts.Why` value)."""
+
+    def __new__(cls, text: str, why: str = "host"):
+        made = super().__new__(cls, text)
+        made.why = why
+        return made
 
 
 def greeting(host: str) -> str:

@@ -9,13 +9,20 @@ says how to apply it.  The operator starts one pod per server (``spec.ps``) and 
 ``kspipe <overrides>`` as the command that wrote the manifest, with ``cluster.job_id`` the
 job's name, so its processes share one run folder, ``outputs/job-<name>`` (kspipe/job.py):
 give the pods a shared volume as their working folder (or ``run_dir=`` on one) and a
-``tracking.uri`` they all reach.  A pod that Kubernetes restarts records into the job's
-MLflow run (:mod:`kspipe.observers.mlflow.earlier_runs`).
+``tracking.uri`` they all reach.  A pod that starts again under the same manifest (the
+manifest applied again, or a pod restarted by a policy of the user's) records into the
+job's MLflow run (:mod:`kspipe.observers.mlflow.earlier_runs`).
 
 The pods share the job's secret (:mod:`kspipe.cluster.secret`) through a Kubernetes
 Secret, ``<name>-kspipe``, that the manifest's containers read as ``KSPIPE_JOB_SECRET``;
 kspipe writes no secret to disk: the line that names the manifest gives the one command
 that makes it (:func:`secret_command`).
+
+Restarts: paddle-operator's ``PaddleJob`` has no restart count, and it fails the job once
+any pod has failed; a pod that Kubernetes restarted alone (``restartPolicy: OnFailure``)
+would rejoin peers that went on without it, from the start of its own part.  So every pod
+template says ``restartPolicy: Never``, and ``cluster.max_restarts`` above 0 is refused
+in one line: the job restarts by being applied again with ``resume=<its run folder>``.
 """
 
 from __future__ import annotations
@@ -44,6 +51,12 @@ class PaddleJobLauncher(ProcessLauncher):
         return cfg.mode in ("pserver", "collective")
 
     def hand_off(self, cfg, overrides: list[str]) -> str:
+        if int(cfg.cluster.get("max_restarts") or 0):
+            raise ConfigError(
+                f"cluster.max_restarts={cfg.cluster.max_restarts}: a PaddleJob cannot "
+                f"restart its pods together from a checkpoint (paddle-operator fails the "
+                f"job when a pod fails); apply it again with resume=<its run folder>"
+            )
         path, name = write(cfg, overrides, cfg.run_dir)
         return (
             f"wrote the PaddleJob {path}; make its secret with {secret_command(name)}, "
@@ -101,7 +114,9 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
                 },
             ],
         }
-        return {"replicas": count, "template": {"spec": {"containers": [container]}}}
+        # never one pod alone: the job fails, and is applied again with resume=
+        pod = {"containers": [container], "restartPolicy": "Never"}
+        return {"replicas": count, "template": {"spec": pod}}
 
     spec = {"withGloo": 1, "intranet": "PodIP", "cleanPodPolicy": "OnCompletion"}
     if cfg.mode == "pserver":

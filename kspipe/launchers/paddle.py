@@ -32,6 +32,7 @@ from kspipe.cluster.plan import Planned
 from kspipe.errors import ClusterError, ConfigError
 from kspipe.job import digest
 from kspipe.launchers.processes import ProcessLauncher
+from kspipe.launchers.restarts import Why, tagged
 from kspipe.launchers.stalls import StallWatch
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 
@@ -128,11 +129,14 @@ def watch(launcher, follow: "Follower", timeout_s, logs: str, stalls=None) -> No
         )
         if stalled:
             stalls.kill_stopped()
-            raise stalled
+            raise tagged(stalled, Why.STALLED, how=str(stalled))
         if deadline is not None and time.monotonic() > deadline:
-            raise ClusterError(
-                f"the job did not finish within cluster.timeout_s="
-                f"{float(timeout_s):g} s; logs in {logs}"
+            raise tagged(
+                ClusterError(
+                    f"the job did not finish within cluster.timeout_s="
+                    f"{float(timeout_s):g} s; logs in {logs}"
+                ),
+                Why.TIMEOUT,
             )
         time.sleep(0.2)
 
@@ -207,17 +211,24 @@ def verdict(run_dir: str, logs: str, code: int, started: float) -> dict:
         if role in ("worker", "server") and index.isdigit():
             message = error_line(os.path.join(logs, name))
             if message:
-                failures.append(
-                    (message, f"{role} {index}: {message} (its log: {os.path.join(logs, name)})")
-                )
+                line = f"{role} {index}: {message} (its log: {os.path.join(logs, name)})"
+                failures.append((message, f"{role} {index}", line))
     if failures:  # the cause, rather than a role that Paddle's launcher stopped after it
-        causes = [line for message, line in failures if not message.startswith("stopped by")]
-        raise ClusterError((causes or [line for _, line in failures])[0])
+        causes = [f for f in failures if not f[0].startswith("stopped by")]
+        message, process, line = (causes or failures)[0]
+        # only roles Paddle's launcher stopped: one of theirs died without a word (a signal)
+        why = Why.ERROR if causes else Why.SIGNAL
+        raise tagged(ClusterError(line), why, process, f"stopped: {message}")
     path = os.path.join(run_dir, "metrics.json")
     if not os.path.isfile(path) or os.path.getmtime(path) < started:
-        raise ClusterError(
-            f"the job ended without results (Paddle's launcher exited with "
-            f"status {code}); logs in {logs}"
+        raise tagged(
+            ClusterError(
+                f"the job ended without results (Paddle's launcher exited with "
+                f"status {code}); logs in {logs}"
+            ),
+            Why.EXIT,
+            "Paddle's launcher",
+            f"exited with status {code}",
         )
     with open(path) as f:
         return json.load(f)

@@ -27,6 +27,7 @@ from kspipe.errors import ClusterError
 from kspipe.heartbeat import DIR_ENV
 from kspipe.launchers import stalls
 from kspipe.launchers.hosts import STOPPED
+from kspipe.launchers.restarts import Why, error_kind, failure_kind, hang_up, tagged
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
@@ -114,7 +115,7 @@ class Cluster:
             failure = check() if check is not None else None
             if failure:
                 self.stop()
-                raise ClusterError(f"{failure}{STOPPED}")
+                raise tagged(ClusterError(f"{failure}{STOPPED}"), *failure_kind(failure))
             for p in self.processes:
                 code = p.popen.poll()
                 if code not in (None, 0):
@@ -132,12 +133,15 @@ class Cluster:
             if stalled:
                 watch.kill_stopped()  # also one that srun started, whose pid is not popen's
                 self.stop()
-                raise stalled
+                raise tagged(stalled, Why.STALLED, how=str(stalled))
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.stop()
-                raise ClusterError(
-                    f"the cluster did not finish within cluster.timeout_s="
-                    f"{timeout_s:g} s; logs in {self.log_dir}"
+                raise tagged(
+                    ClusterError(
+                        f"the cluster did not finish within cluster.timeout_s="
+                        f"{timeout_s:g} s; logs in {self.log_dir}"
+                    ),
+                    Why.TIMEOUT,
                 )
             time.sleep(poll_s)
 
@@ -155,6 +159,9 @@ class Cluster:
         deadline = time.monotonic() + CAUSE_GRACE_S
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.processes):
             time.sleep(0.05)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and self._cause_pending():
+            time.sleep(0.05)
         exited = [p for p in self.processes if p.popen.poll() not in (None, 0)]
         self.stop()
         killed = [p for p in exited if p.popen.returncode in KILLED]
@@ -163,8 +170,20 @@ class Cluster:
         for p in exited:
             message = p.error
             if message:
-                return ClusterError(f"{p.name}: {message} (its log: {p.log})")
+                err = ClusterError(f"{p.name}: {message} (its log: {p.log})")
+                return tagged(err, error_kind(p.popen.returncode), p.name, f"stopped: {message}")
         return _exit_error(failed, code)
+
+    def _cause_pending(self) -> bool:
+        """Whether the failure's cause may still show: a process said its error and has not
+        exited (its exit status tells a non-finite loss from other errors), or none said
+        one and none was killed while some still run (a process says its error after its
+        observers have ended, which takes seconds on a busy machine)."""
+        running = [p for p in self.processes if p.popen.poll() is None]
+        if any(p.error for p in running):
+            return True
+        told = any(p.error or p.popen.returncode in KILLED for p in self.processes)
+        return bool(running) and not told
 
     def _finish_servers(self, grace_s: float = 30.0) -> None:
         """Servers stop when the first worker asks them to; wait, then make sure."""
@@ -258,10 +277,14 @@ def _closed(log) -> None:
 def _exit_error(process, code: int) -> ClusterError:
     """A process's exit as the job's error, with its output's last error line."""
     failure = f" ({process.failure[:300]})" if process.failure else ""
-    return ClusterError(f"{process.name} {_describe_exit(code)}; its log: {process.log}{failure}")
+    how = _describe_exit(code)
+    err = ClusterError(f"{process.name} {how}; its log: {process.log}{failure}")
+    return tagged(err, Why.SIGNAL if code < 0 or code > 128 else Why.EXIT, process.name, how)
 
 
 def _describe_exit(code: int) -> str:
+    if code in KILLED:  # srun passes its task's SIGKILL on as 128 + 9
+        code = -signal.SIGKILL
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -313,12 +336,13 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
         if link and not hosts.is_first:  # this host's part ended well; did the job?
             failure = link.outcome(cfg.cluster.timeout_s)
             if failure:
-                raise ClusterError(failure)
+                raise tagged(ClusterError(failure), *failure_kind(failure))
     except BaseException as err:
-        if link:
-            link.close(failure=why_stopped(err))
+        told = hang_up(link, err, why_stopped(err), cfg) if link else err
         cluster.stop()
         checkpoint.discard_unfinished(run_dir)  # a process stopped or killed mid-write
+        if told is not err:
+            raise told from None
         raise
     finally:
         cluster.stop()

@@ -305,7 +305,7 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
 
 CLUSTER_KEYS = (
     "strategy, k_steps, wait_push, shard_sum, host, threads, timeout_s, control_port, "
-    "hosts_timeout_s, stall_seconds, secret_file, job_id, launcher, slurm_args, image"
+    "hosts_timeout_s, stall_seconds, secret_file, job_id, launcher, max_restarts, slurm_args, image"
 )
 
 
@@ -326,6 +326,7 @@ def test_the_cluster_group_is_the_modes_keys_then_the_launchers():
         "secret_file": None,
         "job_id": None,
         "launcher": "processes",
+        "max_restarts": 0,
         "slurm_args": [],
         "image": None,
     }
