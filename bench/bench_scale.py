@@ -166,7 +166,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", default="", help="a git revision's sum to compare")
     parser.add_argument("--plot", default="", help="a PNG of round time by workers")
-    parser.add_argument("--jobs", default="", help="whole jobs: sync,async,geo,collective")
+    parser.add_argument(
+        "--jobs", default="", help="whole jobs: sync,sync-chain,async,geo,collective"
+    )
     parser.add_argument("--sizes", default="2:1,4:2,8:4,16:8", help="workers:servers, ...")
     parser.add_argument("--weights", default="1000000", help="the model's sizes, ...")
     parser.add_argument("--steps", type=int, default=5)

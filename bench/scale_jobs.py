@@ -206,18 +206,21 @@ def run_jobs(args) -> None:
                 if (workers, servers) in seen:
                     continue
                 seen.add((workers, servers))
-                extra = (f"cluster.k_steps={args.k_steps}",) if kind == "geo" else ()
+                base, extra = variant(kind, args.k_steps)
                 row = whole_job(
-                    kind, workers, servers, weights, args.mbit, env, args.steps, extra=extra
+                    base, workers, servers, weights, args.mbit, env, args.steps, extra=extra
                 )
-                row["mbit"] = args.mbit
+                row["kind"], row["mbit"] = kind, args.mbit
+                row["shard_sum"] = (
+                    base in ("sync", "geo") and "cluster.shard_sum=false" not in extra
+                )
                 first = first or row["step_s"]
                 rows.append(row)
                 print(
                     f"{kind:<10} {weights:>9}  {workers:>7} {servers:>7}  "
                     f"{row['step_s']:6.3f}  {row['step_s'] / first:8.2f}x  "
                     f"{row['worker_bytes'] / 1e6:14.2f}  {row['server_bytes'] / 1e6:14.2f}  "
-                    f"{row['digest'] if kind == 'sync' else ''}",
+                    f"{row['digest'] if base == 'sync' else ''}",
                     flush=True,
                 )
                 if args.out:
@@ -226,6 +229,16 @@ def run_jobs(args) -> None:
     if args.plot:
         plot_jobs(rows, args.plot, f"links at {args.mbit:g} Mbit/s, a host a process")
         print(f"plot: {args.plot}")
+
+
+def variant(kind: str, k_steps: int) -> tuple:
+    """A job kind of ``--jobs`` as a mode's kind and its extra overrides: ``sync-chain`` is
+    sync summed along the workers' chain alone (no shard summers beside the servers)."""
+    if kind == "sync-chain":
+        return "sync", ("cluster.shard_sum=false",)
+    if kind == "geo":
+        return "geo", (f"cluster.k_steps={k_steps}",)
+    return kind, ()
 
 
 def plot_jobs(rows: list[dict], path: str, title: str) -> None:

@@ -28,18 +28,28 @@ GEO_K = 4  # bench_scale.py's default --k-steps
 BENCH_GEO_ROUNDS = ((2 + 5) // GEO_K - 2 // GEO_K) / 5
 
 
-def link_bytes(kind: str, workers: int, servers: int, weights: int, geo_rounds: float) -> float:
+def link_bytes(
+    kind: str, workers: int, servers: int, weights: int, geo_rounds: float, summers: bool = False
+) -> float:
     """The bytes the busiest link carries one way in a step.
 
     * sync (and geo's rounds, ``geo_rounds`` a step): the workers' chain, float64 (8 bytes
       a weight): an end worker's link carries the array once each way, a middle worker's
-      twice (the partial sums up, the totals down);
+      twice (the partial sums up, the totals down).  With ``summers`` (the shard summers
+      beside the servers, from 3 workers on: kspipe/modes/ps/sharded.py), the chain takes
+      a share f = (r - 1) / (r + 1) of the array (r = workers / servers) and the summers
+      the rest, which balances a middle worker's link, (1 + f) arrays, against a server's,
+      r (1 - f): 2 r / (r + 1) arrays (1 where r <= 1);
     * collective: the same chain over float32 gradients (4 bytes a weight);
     * async: each worker pushes its change and pulls the parameters (float32) every step,
       and the servers' links carry every worker's, a 1/servers share each.
     """
     if kind in ("sync", "geo"):
-        return 8 * weights * (1 if workers == 2 else 2) * (geo_rounds if kind == "geo" else 1)
+        arrays = 1 if workers == 2 else 2
+        if summers and workers >= 3 and servers:
+            ratio = workers / servers
+            arrays = 2 * ratio / (ratio + 1) if ratio >= 1 else 1
+        return 8 * weights * arrays * (geo_rounds if kind == "geo" else 1)
     if kind == "collective":
         return 4 * weights * (1 if workers == 2 else 2)
     return 4 * weights * max(1.0, workers / servers)
@@ -52,15 +62,26 @@ def hops(kind: str, workers: int, geo_rounds: float) -> float:
     return 2 * (workers - 1) * (geo_rounds if kind == "geo" else 1)
 
 
+def strategy(row: dict) -> tuple[str, bool]:
+    """A row's strategy and whether its rounds used the shard summers: ``sync-chain`` rows
+    (``cluster.shard_sum=false``) and rows measured before the summers (no ``shard_sum``)
+    sum along the chain alone."""
+    kind = row["kind"]
+    if kind == "sync-chain":
+        return "sync", False
+    return kind, bool(row.get("shard_sum", False))
+
+
 def terms(row: dict, geo_rounds: float = BENCH_GEO_ROUNDS) -> list[float]:
     """The model's terms that 1/e1, 1/e2 and h multiply."""
-    args = row["kind"], row["workers"], row["servers"], row["weights"], geo_rounds
+    kind, summers = strategy(row)
+    args = kind, row["workers"], row["servers"], row["weights"], geo_rounds, summers
     seconds = link_bytes(*args) / (row["mbit"] * 1e6 / 8)
-    two_flows = row["kind"] != "async" and row["workers"] > 2
+    two_flows = kind != "async" and row["workers"] > 2
     return [
         0.0 if two_flows else seconds,
         seconds if two_flows else 0.0,
-        hops(row["kind"], row["workers"], geo_rounds),
+        hops(kind, row["workers"], geo_rounds),
     ]
 
 
@@ -81,7 +102,9 @@ def model(row: dict, fitted, geo_rounds: float = BENCH_GEO_ROUNDS, fill: float =
 
 def predict(kind: str, workers: int, weights: int, mbit: float, fitted) -> float:
     """A long job's step on real links of ``mbit`` (servers: half the workers)."""
-    row = dict(kind=kind, workers=workers, servers=max(workers // 2, 1), weights=weights)
+    row = dict(
+        kind=kind, workers=workers, servers=max(workers // 2, 1), weights=weights, shard_sum=True
+    )
     return model(dict(row, mbit=mbit), fitted, 1 / GEO_K, CHUNK / (mbit * 1e6 / 8))
 
 
@@ -109,7 +132,7 @@ def main() -> None:
     sizes = (2, 16, 64, 256)
     for weights in (112_451, 4_000_000):
         print(f"predicted step, {weights:,} weights, links at 1 Gbit/s, servers = workers / 2:")
-        for kind in ("sync", "geo", "async", "collective"):
+        for kind in ("sync", "sync-chain", "geo", "async", "collective"):
             times = [predict(kind, n, weights, 1000, fitted) for n in sizes]
             cells = "   ".join(f"{n}: {t:.3f} s" for n, t in zip(sizes, times))
             print(f"  {kind:<10} {cells}")

@@ -13,9 +13,11 @@ SHARED = {
     "modes": {
         "test_slurm.py",
         "test_slurm_hosts.py",
+        "test_slurm_submitted.py",
         "test_launchers.py",
         "test_preemption.py",
         "test_scheduled_roles.py",
+        "test_scheduled_manifests.py",
         "test_embedding_tables.py",
     }
 }

@@ -26,7 +26,7 @@ from tests.kit.jobs import (
     latest_weights,
     scheduled_overrides,
 )
-from tests.kit.processes import job_processes, overloaded, stopped_when
+from tests.kit.processes import job_processes, overloaded, stopped_when, wait_until
 from tests.kit.setups import chromium_missing, missing_here, must_work_here
 from tests.kit.slurm import local_slurm, slurm_missing, stop_daemon
 
@@ -41,6 +41,7 @@ __all__ = [
     "latest_weights",
     "job_processes",
     "stopped_when",
+    "wait_until",
     "overloaded",
     "a_test_task",
     "reference_adaptation",

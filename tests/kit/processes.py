@@ -48,3 +48,11 @@ def overloaded(processes: int = 3, seconds: int = 600):
         for p in busy:
             p.kill()
             p.wait()
+
+
+def wait_until(condition, timeout: float, what, poll: float = 0.5) -> None:
+    """Wait until ``condition()``; fail with ``what()`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what()
+        time.sleep(poll)

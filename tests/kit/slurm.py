@@ -184,3 +184,65 @@ def stop_daemon(pid_file: Path, grace_s: float = 10.0) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def slurm_command(env: dict, *command, timeout=600, place=None, cwd=None):
+    """A Slurm command run with the cluster's ``env`` (``place``: in a host of an emulated
+    network, :meth:`tests.kit.network.Host.command`); its ``subprocess.CompletedProcess``."""
+    import subprocess
+
+    command = list(command) if place is None else place(list(command))
+    return subprocess.run(
+        command,
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def nothing_queued(env: dict, within_s: float = 30) -> bool:
+    """Whether Slurm's queue empties within ``within_s`` (a job that ended may still be
+    completing for a moment)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while slurm_command(env, "squeue", "-h").stdout.strip():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, place=None) -> Path:
+    """The tiny job run by ``salloc <salloc> kspipe ... cluster.launcher=slurm`` (``place``:
+    in a host of an emulated network): it succeeds, reaches the ``expected`` weights bit
+    for bit and records one FINISHED run; its run folder."""
+    import sys
+
+    import numpy as np
+
+    from kspipe.testing import run_statuses
+    from tests.kit.jobs import latest_weights, scheduled_overrides
+
+    run = tmp / "run"
+    command = [
+        "salloc",
+        *salloc,
+        "--quiet",
+        sys.executable,
+        "-m",
+        "kspipe.cli.command",
+        *scheduled_overrides(tmp, tiny_data),
+        "cluster.launcher=slurm",
+        f"run_dir={run}",
+    ]
+    result = slurm_command(slurm, *command, place=place, cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = latest_weights(run)
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert run_statuses(tmp / "mlflow.db") == ["FINISHED"]
+    return run

@@ -1,5 +1,6 @@
-"""The layout's limits, kept by a check rather than by memory: no module of kspipe over 400
-lines, and the folders docs/design.md names each holding one concern's modules."""
+"""The layout's limits, kept by a check rather than by memory: no Python file of the
+project (kspipe, its tests, benches, examples and plugins) over 400 lines, and the folders
+docs/design.md names each holding one concern's modules."""
 
 from __future__ import annotations
 
@@ -9,17 +10,34 @@ ROOT = Path(__file__).resolve().parents[2]
 MOST_LINES = 400
 
 
+#: The folders of Python the project writes: the package, its tests and their plugins,
+#: the benches, the examples and the plugin packages it ships.
+FOLDERS = ("kspipe", "conf", "tests", "bench", "examples", "plugins")
+
+
+def python_files(folders=FOLDERS) -> list[Path]:
+    return sorted(
+        p
+        for folder in folders
+        for p in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+
+
 def modules() -> list[Path]:
-    return sorted(p for p in (ROOT / "kspipe").rglob("*.py") if "__pycache__" not in p.parts)
+    """kspipe's own modules."""
+    return python_files(("kspipe",))
 
 
-def test_no_module_is_over_400_lines():
+def test_no_python_file_is_over_400_lines():
+    """kspipe's modules, and the tests and benches too: a test file past 400 lines holds
+    more than one concern, and its module fixtures grow with it."""
     long = {
         str(p.relative_to(ROOT)): n
-        for p in modules()
+        for p in python_files()
         if (n := len(p.read_text().splitlines())) > MOST_LINES
     }
-    assert not long, f"modules over {MOST_LINES} lines (split them by concern): {long}"
+    assert not long, f"files over {MOST_LINES} lines (split them by concern): {long}"
 
 
 def test_each_concern_has_its_folder():
