@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,13 @@ SAMPLE_S = 0.2
 
 
 def plugin_environment(site: Path) -> dict:
-    """The environment of a ``kspipe`` command that loads the bench's workload."""
+    """The environment of a ``kspipe`` command that loads the bench's workload, with the
+    job's secret that every host of a job across hosts needs (kspipe/cluster/secret.py)."""
     if not (site / "kspipe_scale").exists():
         install_plugin(site, PLUGIN, "scale = kspipe_scale.plugin")
     env = plugin_env(site)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    env["KSPIPE_JOB_SECRET"] = secrets.token_hex(32)
     return env
 
 

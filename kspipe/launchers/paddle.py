@@ -34,6 +34,7 @@ from kspipe.job import digest
 from kspipe.launchers.processes import ProcessLauncher
 from kspipe.launchers.restarts import Why, tagged
 from kspipe.launchers.stalls import StallWatch
+from kspipe.launchers.stalls import clear as clear_progress
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
 
 #: How long the roles may take to save their state and exit when the job is stopped.
@@ -77,6 +78,7 @@ class PaddleLauncher(ProcessLauncher):
         finally:
             cluster.stop()
             follow.echo()
+            clear_progress(logs)
             reporter.artifact(logs, "logs")
         return verdict(run_dir, logs, launcher.popen.returncode, started)
 

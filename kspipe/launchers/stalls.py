@@ -52,6 +52,21 @@ def is_stopped(pid: int) -> bool:
     return state(pid) in ("T", "t")
 
 
+def clear(log_dir: str) -> None:
+    """Remove every process's progress file from ``log_dir``, once the job's processes have
+    ended: they say how far a running process got, and the logs are the run's record."""
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith((SUFFIX, SUFFIX + ".tmp")):
+            try:
+                os.remove(os.path.join(log_dir, name))
+            except OSError:
+                pass
+
+
 def forget(log_dir: str, role: str, index: int) -> None:
     """Remove what a process of an earlier start of this job left at the path of
     ``<role> <index>``'s file."""

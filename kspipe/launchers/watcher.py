@@ -346,6 +346,7 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
         raise
     finally:
         cluster.stop()
+        stalls.clear(cluster.log_dir)
         reporter.artifact(cluster.log_dir, "logs")
     if link:
         link.close()

@@ -232,7 +232,7 @@ def test_a_paddlejob_manifest_runs_as_one_job_from_the_operators_environment(
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
     # the manifest's token, in every pod, marks the run as this job's (a pod Kubernetes
     # restarts goes on in it: tests/observers/test_earlier_runs.py)
-    (token,) = {pod["env"][JOB_TOKEN_ENV] for _, pod in operator_environments(job)}
+    (token,) = {pod["env"][JOB_TOKEN_ENV] for _, pod in operator_environments(job, made)}
     with sqlite3.connect(tmp_path / "mlflow.db") as con:
         tags = dict(con.execute("select key, value from tags"))
     assert (tags["kspipe.job"], tags["kspipe.restarts"], tags["kspipe.run_dir"]) == (
