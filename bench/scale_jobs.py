@@ -192,10 +192,17 @@ def whole_job(
 def run_jobs(args) -> None:
     """bench_scale.py ``--jobs``: every job of the matrix its arguments give, printed as it
     ends (and appended to ``--out``), then plotted (``--plot``)."""
-    env = plugin_environment(Path(tempfile.mkdtemp(prefix="kspipe-scale-site-")))
+    with tempfile.TemporaryDirectory(prefix="kspipe-scale-site-") as site:
+        jobs_in(args, plugin_environment(Path(site)))
+
+
+def jobs_in(args, env: dict) -> None:
     sizes = [tuple(int(n) for n in size.split(":")) for size in args.sizes.split(",")]
     rows = []
-    print(f"links at {args.mbit:g} Mbit/s each way, {args.steps} timed steps a job")
+    print(
+        f"links at {args.mbit:g} Mbit/s each way, TCP {Network().congestion} on every host, "
+        f"{args.steps} timed steps a job"
+    )
     print(
         "job         weights  workers servers  step_s  vs_fewest  "
         "worker_MB/step  server_MB/step  digest"

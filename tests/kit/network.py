@@ -19,7 +19,14 @@ The layout of a network ``<pid>-<n>`` (the ``n``-th one process ``pid`` made):
   machine's own).  Paddle's gloo announces the address the host name resolves to;
 * both ends of every link send through a token bucket (``tc ... tbf``) at the link's rate,
   so each direction of a link carries at most ``mbit`` Mbit/s (``netem`` is not in every
-  kernel: the links add no latency).
+  kernel: the links add no latency);
+* every host's TCP uses the congestion control ``congestion`` (``cubic``, Linux's own
+  default, unless told otherwise; ``None``: the machine's).  The hosts are stock machines
+  whatever this one runs: a machine whose default is BBR (v1) gave each host BBR, which
+  through these shallow tail-drop queues lost one segment in ten with 16 or more flows a
+  link (BENCHMARKS.md).  A namespace may take only a congestion control the machine allows
+  (``net.ipv4.tcp_allowed_congestion_control``): one missing there is added while a network
+  is open, and the list is put back when the last one closes.
 
 A host's commands (:meth:`Host.popen`, :meth:`Host.run`) run through ``ip netns exec``: in
 the host's network, on the machine's one filesystem.
@@ -72,10 +79,10 @@ def unavailable() -> str | None:
 def _check_tools() -> None:
     if os.geteuid() != 0:
         raise NetworkUnavailable("an emulated network needs root (ip netns, tc)")
-    for tool in ("ip", "tc"):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("sysctl", "procps")):
         if shutil.which(tool) is None:
             raise NetworkUnavailable(
-                f"an emulated network needs the `{tool}` command (apt-get install -y iproute2)"
+                f"an emulated network needs the `{tool}` command (apt-get install -y {package})"
             )
 
 
@@ -205,7 +212,12 @@ class Network:
     may be a loopback address, as Debian's installer writes it)."""
 
     def __init__(
-        self, hosts: int = 4, mbit: float = 1000, subnet: str = "10.77.0", names: bool = True
+        self,
+        hosts: int = 4,
+        mbit: float = 1000,
+        subnet: str = "10.77.0",
+        names: bool = True,
+        congestion: str | None = "cubic",
     ):
         if not 1 <= hosts <= 250:
             raise ValueError(f"an emulated network has 1 to 250 hosts, not {hosts}")
@@ -213,6 +225,7 @@ class Network:
             raise ValueError(f"a link's rate is a positive number of Mbit/s, not {mbit}")
         self.mbit = mbit
         self.names = names
+        self.congestion = congestion
         self.name = f"{PREFIX}{os.getpid()}-{next(_serial)}-"
         self.bridge = self.name + "bridge"
         self.hosts = [
@@ -253,21 +266,10 @@ class Network:
                 self._name_hosts(host)
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run(
-                "ip",
-                "-n",
-                br,
-                "link",
-                "add",
-                host.name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                ns,
-            )
+            if self.congestion:
+                _allow(self.congestion)
+                _run(*host.command(["sysctl", "-qw", f"{CONGESTION}={self.congestion}"]))
+            _run(*f"ip -n {br} link add {host.name} type veth peer name eth0 netns {ns}".split())
             _run("ip", "-n", br, "link", "set", host.name, "master", BRIDGE)
             _run("ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
             self._shape(br, host.name)
@@ -297,23 +299,9 @@ class Network:
         traffic at that rate (at least 64 KiB, so a large segment passes whole) and queueing
         at most 20 ms of it."""
         burst = max(int(self.mbit * 1e6 / 8 / 1000), 64 * 1024)
-        _run(
-            "tc",
-            "-n",
-            namespace,
-            "qdisc",
-            "add",
-            "dev",
-            device,
-            "root",
-            "tbf",
-            "rate",
-            f"{round(self.mbit * 1e6)}bit",
-            "burst",
-            str(burst),
-            "latency",
-            "20ms",
-        )
+        rate = f"{round(self.mbit * 1e6)}bit"
+        _run(*f"tc -n {namespace} qdisc add dev {device} root tbf rate {rate}".split(),
+             *f"burst {burst} latency 20ms".split())  # fmt: skip
 
     def namespaces(self) -> list[str]:
         """This network's namespaces that exist now, and any ``/etc/netns`` folder left of
@@ -325,7 +313,39 @@ class Network:
         the links and the bridge); nothing if it is closed already."""
         with _lock:
             _open.discard(self)
+            last = not _open
         remove(self.namespaces())
+        if last:
+            _put_back_allowed()
+
+
+CONGESTION = "net.ipv4.tcp_congestion_control"
+ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+_allowed_before: list[str] = []  # the machine's list, while a network has added to it
+
+
+def _allow(congestion: str) -> None:
+    """Let namespaces take ``congestion`` (the machine's list of allowed ones)."""
+    with _lock, open(ALLOWED) as f:
+        allowed = f.read().split()
+        if congestion in allowed:
+            return
+        if not _allowed_before:
+            _allowed_before.append(" ".join(allowed))
+        try:
+            with open(ALLOWED, "w") as out:
+                out.write(" ".join([*allowed, congestion]))
+        except OSError as err:
+            raise NetworkUnavailable(
+                f"cannot give the emulated hosts TCP {congestion}: {ALLOWED}: {err.strerror}"
+            ) from err
+
+
+def _put_back_allowed() -> None:
+    with _lock:
+        if _allowed_before:
+            with open(ALLOWED, "w") as out:
+                out.write(_allowed_before.pop())
 
 
 def _close_all() -> None:
