@@ -7,7 +7,9 @@ bandwidth (tests/kit/network.py; root only).
 
 For each number of workers, and for this checkout's sum (``chain``) and a revision's
 (``--against``: 8206396 is the hub the chain replaced), the workers sum an array of
-``--floats`` float64 values ``--rounds`` times through ``WorkerSum`` (bench/sum_worker.py):
+``--floats`` float64 values ``--rounds`` times through ``WorkerSum`` (bench/sum_worker.py),
+and, for each ``workers:servers`` of ``--shards``, through the sync rounds' sum (the chain
+and a shard summer beside each server, each server a host of its own: sharded.py):
 the exchange is the real one, and the workers compute nothing else, so the links bound a
 round.  Printed per job: a round's time (the timed rounds' time over their number, the
 slowest worker's), the bytes each
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -46,6 +49,8 @@ sys.path.insert(0, ROOT)
 from tests.kit.network import Network  # noqa: E402
 
 WORKER = os.path.join(ROOT, "bench", "sum_worker.py")
+LABELS = {"chain": "chain (this checkout)", "shards": "chain and shard summers, N/2 servers"}
+BOOK_PORT = 7090  # the meeting point's, on the first server's host, for --shards
 BLAST = """
 import socket, sys, time
 if sys.argv[1] == "serve":
@@ -95,27 +100,43 @@ def bridge_limit() -> float:
         return got * 8 / (time.perf_counter() - started) / 1e9
 
 
-def job(workers: int, mbit: float, floats: int, rounds: int, which: str) -> dict:
-    """One job's round times and bytes per round."""
-    with Network(hosts=workers, mbit=mbit) as net:
-        addresses = ",".join(h.address for h in net.hosts)
+def job(workers: int, mbit: float, floats: int, rounds: int, which: str, servers=0) -> dict:
+    """One job's round times and bytes per round (``servers``: hosts of their own, each
+    with a shard summer, for ``which`` = ``shards``)."""
+    with Network(hosts=servers + workers, mbit=mbit) as net:
+        serving, working = net.hosts[:servers], net.hosts[servers:]
+        env = dict(os.environ, SUM_WORKERS=",".join(h.address for h in working))
+        env["KSPIPE_JOB_SECRET"] = secrets.token_hex(32)  # what every link's greeting shows
+        addresses = env["SUM_WORKERS"]
+        started = []  # the book and the summers: each ends when its standard input closes
+        if servers:
+            env["SUM_SERVERS"] = ",".join(h.address for h in serving)
+            env.update(meeting_point(serving[0], servers + workers, env, started))
+            for s, host in enumerate(serving):
+                command = [sys.executable, WORKER, "serve", str(s), str(floats)]
+                started.append(host.popen(command, stdin=subprocess.PIPE, env=env, cwd=ROOT))
         before = [counters(h) for h in net.hosts]
-        started = [
+        command = [str(floats), str(rounds), which]
+        running = [
             h.popen(
-                [sys.executable, WORKER, str(i), addresses, str(floats), str(rounds), which],
+                [sys.executable, WORKER, str(i), addresses, *command],
                 stdout=subprocess.PIPE,
                 text=True,
                 cwd=ROOT,
+                env=env,
             )
-            for i, h in enumerate(net.hosts)
+            for i, h in enumerate(working)
         ]
         results = []
-        for process in started:
+        for process in running:
             out, _ = process.communicate(timeout=3600)
             if process.returncode:
                 raise SystemExit(f"a worker of the {which} job failed ({process.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
         after = [counters(h) for h in net.hosts]
+        for process in started:
+            process.stdin.close()
+            process.wait(timeout=60)
     if len({r["digest"] for r in results}) != 1:
         raise SystemExit(f"the {which} job's workers hold different sums")
     # a round's time is the timed rounds' wall-clock time over their number, the slowest
@@ -125,11 +146,30 @@ def job(workers: int, mbit: float, floats: int, rounds: int, which: str) -> dict
     moved = [(a[0] - b[0] + a[1] - b[1]) / (rounds + 1) for a, b in zip(after, before)]
     return {
         "workers": workers,
+        "servers": servers,
         "sum": which,
         "round_s": per_round,
-        "busiest_bytes": max(moved),
-        "median_bytes": statistics.median(moved),
+        "busiest_bytes": max(moved[servers:]),
+        "median_bytes": statistics.median(moved[servers:]),
+        "server_bytes": max(moved[:servers], default=0.0),
         "digest": results[0]["digest"],
+    }
+
+
+def meeting_point(host, members: int, env: dict, started: list) -> dict:
+    """The job's address book on ``host`` (where the summers are announced), and the
+    environment that names it to the job's processes."""
+    book = host.popen(
+        [sys.executable, "-m", "kspipe.cluster.addresses", str(BOOK_PORT), host.address,
+         str(members)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    started.append(book)
+    if book.stdout.readline().strip() != "ready":
+        raise SystemExit("the sum's meeting point did not start")
+    return {
+        "PADDLE_GLOO_RENDEZVOUS": "3",
+        "PADDLE_GLOO_HTTP_ENDPOINT": f"{host.address}:{BOOK_PORT}",
     }
 
 
@@ -146,7 +186,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
             [r["workers"] for r in mine],
             [r["round_s"] for r in mine],
             "o-",
-            label="chain (this checkout)" if which == "chain" else f"hub ({which})",
+            label=LABELS.get(which, f"hub ({which})"),
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers (a host each)")
@@ -170,6 +210,9 @@ def main() -> None:
         "--jobs", default="", help="whole jobs: sync,sync-chain,async,geo,collective"
     )
     parser.add_argument("--sizes", default="2:1,4:2,8:4,16:8", help="workers:servers, ...")
+    parser.add_argument(
+        "--shards", default="", help="sync rounds' sums with shard summers: workers:servers, ..."
+    )
     parser.add_argument("--weights", default="1000000", help="the model's sizes, ...")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--k-steps", type=int, default=4, help="geo's steps a round")
@@ -181,29 +224,34 @@ def main() -> None:
         run_jobs(args)
         return
     print(f"bridge's limit, one stream, links not shaped: {bridge_limit():.2f} Gbit/s", flush=True)
-    counts = [int(n) for n in args.workers.split(",")]
-    sums = ["chain"] + ([args.against] if args.against else [])
-    rows = []
+    counts = [int(n) for n in args.workers.split(",") if n]
+    runs = [(which, n, 0) for which in ["chain"] + [args.against] * bool(args.against)
+            for n in counts]  # fmt: skip
+    for size in filter(None, args.shards.split(",")):
+        runs.append(("shards", *(int(n) for n in size.split(":"))))
+    rows, first = [], {}
     print(
         f"{args.floats:,} float64 ({args.floats * 8 / 2**20:.1f} MiB) a round, links at "
-        f"{args.mbit:g} Mbit/s each way"
+        f"{args.mbit:g} Mbit/s each way, TCP {Network().congestion} on every host"
     )
-    print("sum       workers  round_s  vs_fewest  busiest_host_MB  median_host_MB")
-    for which in sums:
-        first = None
-        for workers in counts:
-            row = job(workers, args.mbit, args.floats, args.rounds, which)
-            first = first or row["round_s"]
-            rows.append(row)
-            print(
-                f"{which:<9} {workers:>7}  {row['round_s']:7.3f}  "
-                f"{row['round_s'] / first:8.2f}x  {row['busiest_bytes'] / 1e6:15.1f}  "
-                f"{row['median_bytes'] / 1e6:14.1f}",
-                flush=True,
-            )
+    print("sum       workers servers  round_s  vs_fewest  busiest_worker_MB  median_worker_MB"
+          "  busiest_server_MB")  # fmt: skip
+    for which, workers, servers in runs:
+        row = job(workers, args.mbit, args.floats, args.rounds, which, servers)
+        first.setdefault(which, row["round_s"])
+        rows.append(row)
+        print(
+            f"{which:<9} {workers:>7} {servers:>7}  {row['round_s']:7.3f}  "
+            f"{row['round_s'] / first[which]:8.2f}x  {row['busiest_bytes'] / 1e6:17.1f}  "
+            f"{row['median_bytes'] / 1e6:16.1f}  {row['server_bytes'] / 1e6:17.1f}",
+            flush=True,
+        )
+        if args.out:
+            with open(args.out, "a") as out:
+                out.write(json.dumps(dict(row, mbit=args.mbit, floats=args.floats)) + "\n")
     digests = {(r["workers"], r["digest"]) for r in rows}
-    if len(digests) != len(counts):
-        raise SystemExit("the sums differ between the two implementations")
+    if len(digests) != len({r["workers"] for r in rows}):
+        raise SystemExit("the sums differ between the implementations")
     print("every job's workers hold the same sum, equal between the implementations")
     if args.plot:
         plot(

@@ -1,12 +1,17 @@
 """One worker of bench_scale.py's sync rounds, run in a host of the emulated network.
 
-    python bench/sum_worker.py <index> <addresses,...> <floats> <rounds> <chain|REV>
+    python bench/sum_worker.py <index> <addresses,...> <floats> <rounds> <chain|REV|shards>
+    python bench/sum_worker.py serve <server> <floats>
 
 Worker ``index`` of ``len(addresses)`` sums an array of ``floats`` float64 values with the
 others ``rounds`` times through kspipe's ``WorkerSum`` (``chain``: this checkout's;
-a git revision: that revision's ``kspipe/modes/summing.py``, e.g. the hub it replaced),
-after one round that is not timed, and prints one JSON line: the seconds of each timed
-round and a digest of the last sum (every worker must print the same).
+a git revision: that revision's ``kspipe/modes/summing.py``, e.g. the hub it replaced) or
+its sync rounds' sum (``shards``: the chain and the servers' shard summers,
+kspipe/modes/ps/sharded.py), after one round that is not timed, and prints one JSON line:
+the seconds of each timed round and a digest of the last sum (every worker must print the
+same).  ``serve``: server ``server`` starts its shard summer and keeps it until its
+standard input closes.  Both find the servers' addresses in ``SUM_SERVERS`` (comma
+separated) and the job's meeting point as kspipe's processes do (``PADDLE_GLOO_*``).
 """
 
 from __future__ import annotations
@@ -52,8 +57,18 @@ def summing_module(which: str):
 class Role:
     """What WorkerSum asks of its role; ``all_gather`` meets at worker 0's gather port."""
 
-    def __init__(self, index: int, addresses: list[str]):
-        self.index, self.addresses = index, addresses
+    def __init__(self, index: int, addresses: list[str], server: int = -1):
+        self.index, self.addresses, self.server = index, addresses, server
+        self.servers = [a for a in os.environ.get("SUM_SERVERS", "").split(",") if a]
+
+    def is_server(self) -> bool:
+        return self.server >= 0
+
+    def server_index(self) -> int:
+        return self.server
+
+    def get_pserver_endpoints(self) -> list[str]:
+        return [f"{a}:7500" for a in self.servers]
 
     def worker_index(self) -> int:
         return self.index
@@ -104,7 +119,22 @@ def receive(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+def serve(server: int, floats: int) -> None:
+    sys.path.insert(0, ROOT)
+    from kspipe.modes.ps import sharded
+
+    workers = os.environ["SUM_WORKERS"].split(",")
+    summer = sharded.start_summer(Role(-1, workers, server), floats)
+    sys.stdin.read()
+    if summer is not None:
+        summer.stdin.close()
+        summer.wait()
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "serve":
+        serve(int(argv[1]), int(argv[2]))
+        return
     index, addresses, floats, rounds, which = (
         int(argv[0]),
         argv[1].split(","),
@@ -112,8 +142,13 @@ def main(argv: list[str]) -> None:
         int(argv[3]),
         argv[4],
     )
-    summing = summing_module(which)
-    chain = summing.WorkerSum(Role(index, addresses))
+    if which == "shards":
+        sys.path.insert(0, ROOT)
+        from kspipe.modes.ps import sharded
+
+        chain = sharded.worker_sum(Role(index, addresses), floats)
+    else:
+        chain = summing_module(which).WorkerSum(Role(index, addresses))
     values = np.random.default_rng(index).standard_normal(floats)
     chain.sum(values)  # not timed: the links' first bytes, the pages of the buffers
     seconds = []

@@ -13,11 +13,7 @@ and the job's secret (:mod:`kspipe.cluster.secret`) only.
 
 Every element is added in worker order, ``((v0 + v1) + v2) + ...``, in the array's dtype,
 as the chain adds: the total is the chain's bit for bit.  The slice moves a chunk at a
-time, so the totals of the first chunks go back while the later ones still come in.  Each
-worker's link is read, and written, on a thread of its own: a worker whose bytes come
-slowly (its link shared with the chain) holds up no other's, so the server's link stays
-busy.  Reading the links in turn left it idle a third of a round at 16 workers
-(bench/bench_scale.py; BENCHMARKS.md).
+time, so the totals of the first chunks go back while the later ones still come in.
 
 What a peer can make it do: a connection counts only once it names a worker index that
 no connection has named yet, with that worker's tag of the job's secret (any other is
@@ -37,7 +33,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 
@@ -130,110 +125,41 @@ def greeting(index: int) -> bytes:
 
 def sum_rounds(links: list, length: int, dtype: str, chunk_bytes: int = CHUNK_BYTES) -> None:
     """Sum round after round until a link closes (raises :class:`Left`) or fails
-    (``OSError``).  Each link is read on a thread of its own as its bytes come (a slow
-    worker holds up no other's link); the chunks are added in worker order, and their totals
-    go back on a thread of their own, in the order summed."""
+    (``OSError``).  The totals go back on a thread of their own, in the order summed."""
     dtype = np.dtype(dtype)
     step = max(1, chunk_bytes // dtype.itemsize)
     chunks = [(at, min(at + step, length)) for at in range(0, length, step)]
-    arrived = threading.Condition()
+    scratch = np.empty(step, dtype)
+    outgoing: queue.Queue = queue.Queue()
     failed: list = []
-    inflows = [Inflow(link, length, dtype, arrived, failed) for link in links]
-    outflows = [Outflow(link, links, failed) for link in links]
-    for flow in inflows + outflows:
-        flow.start()
+    sender = threading.Thread(target=send_totals, args=(links, outgoing, failed), daemon=True)
+    sender.start()
     try:
-        while True:
+        while not failed:
             total = np.empty(length, dtype)  # a new one a round: the last may still be sending
-            parts = [inflow.next_round() for inflow in inflows]
             for start, end in chunks:
                 into = total[start:end]
-                for worker, (inflow, part) in enumerate(zip(inflows, parts)):
-                    inflow.wait_for(end)
-                    if worker == 0:
-                        into[:] = part[start:end]
-                    else:
-                        np.add(into, part[start:end], out=into)
-                for flow in outflows:
-                    flow.chunks.put(into)
+                receive_into(links[0], into)
+                for link in links[1:]:
+                    other = scratch[: end - start]
+                    receive_into(link, other)
+                    np.add(into, other, out=into)
+                outgoing.put(into)
+        raise failed[0]
     finally:  # the totals summed go out first: at the job's end, the first worker to
-        for flow in outflows:  # leave ends the summer while the others still take theirs
-            flow.chunks.put(None)
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        for flow in outflows:
-            flow.join(max(0.0, deadline - time.monotonic()))
+        outgoing.put(None)  # leave ends the summer while the others still take theirs
+        sender.join(DRAIN_TIMEOUT_S)
 
 
-class Inflow(threading.Thread):
-    """One worker's slice, round after round, read into an array of its own a round; the
-    summing thread waits on ``arrived`` for the values it needs (any link's failure, in
-    ``failed``, wakes it and ends the rounds)."""
-
-    def __init__(self, link, length: int, dtype, arrived: threading.Condition, failed: list):
-        super().__init__(daemon=True)
-        self.link, self.length, self.dtype = link, length, dtype
-        self.arrived, self.failed = arrived, failed
-        self.rounds: list = []  # [array, values in] of the rounds not yet summed
-        self.summing: list | None = None
-
-    def run(self) -> None:
-        try:
-            while True:
-                array = np.empty(self.length, self.dtype)
-                this = [array, 0]
-                with self.arrived:
-                    self.rounds.append(this)
-                view, got = memoryview(array).cast("B"), 0
-                while got < array.nbytes:
-                    n = self.link.recv_into(view[got:], array.nbytes - got)
-                    if not n:
-                        raise Left("a worker's link closed")
-                    got += n
-                    with self.arrived:
-                        this[1] = got // self.dtype.itemsize
-                        self.arrived.notify_all()
-        except (Left, OSError) as err:
-            with self.arrived:
-                self.failed.append(err)
-                self.arrived.notify_all()
-
-    def next_round(self) -> np.ndarray:
-        """The array the next round's values come into (once this link's round began)."""
-        with self.arrived:
-            self._wait(lambda: self.rounds)
-            self.summing = self.rounds.pop(0)
-        return self.summing[0]
-
-    def wait_for(self, end: int) -> None:
-        """Until this round's values before ``end`` are in."""
-        if self.summing[1] < end:
-            with self.arrived:
-                self._wait(lambda: self.summing[1] >= end)
-
-    def _wait(self, ready) -> None:
-        while not ready():
-            if self.failed:
-                raise self.failed[0]
-            self.arrived.wait()
-
-
-class Outflow(threading.Thread):
-    """The totals to one worker, in the order summed, on a thread of its own (a worker slow
-    to take them holds up no other's); a failed link ends every link (``links``), which
-    wakes the summing thread."""
-
-    def __init__(self, link, links: list, failed: list):
-        super().__init__(daemon=True)
-        self.link, self.links, self.failed = link, links, failed
-        self.chunks: queue.Queue = queue.Queue()
-
-    def run(self) -> None:
-        try:
-            while (chunk := self.chunks.get()) is not None:
-                self.link.sendall(memoryview(chunk).cast("B"))
-        except OSError as err:
-            self.failed.append(err)
-            end_links(self.links)
+def send_totals(links: list, outgoing: queue.Queue, failed: list) -> None:
+    try:
+        while (chunk := outgoing.get()) is not None:
+            view = memoryview(chunk).cast("B")
+            for link in links:
+                link.sendall(view)
+    except OSError as err:
+        failed.append(err)
+        end_links(links)  # wakes the summing thread, blocked on a link
 
 
 def end_links(links: list) -> None:
