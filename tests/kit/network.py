@@ -26,7 +26,7 @@ The layout of a network ``<pid>-<n>`` (the ``n``-th one process ``pid`` made):
   through these shallow tail-drop queues lost one segment in ten with 16 or more flows a
   link (BENCHMARKS.md).  A namespace may take only a congestion control the machine allows
   (``net.ipv4.tcp_allowed_congestion_control``): one missing there is added while a network
-  is open, and the list is put back when the last one closes.
+  is open, and the list is put back when the last one (of any process) closes.
 
 A host's commands (:meth:`Host.popen`, :meth:`Host.run`) run through ``ip netns exec``: in
 the host's network, on the machine's one filesystem.
@@ -315,7 +315,7 @@ class Network:
             _open.discard(self)
             last = not _open
         remove(self.namespaces())
-        if last:
+        if last and not namespaces():  # no network of another process either
             _put_back_allowed()
 
 

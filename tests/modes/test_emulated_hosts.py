@@ -25,7 +25,14 @@ import numpy as np
 import pytest
 
 from kspipe.testing import begun_store, run_statuses
-from tests.kit.network import Network, NetworkUnavailable, namespaces, unavailable
+from tests.kit.network import (
+    ALLOWED,
+    CONGESTION,
+    Network,
+    NetworkUnavailable,
+    namespaces,
+    unavailable,
+)
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 MBIT = 1000
@@ -141,6 +148,18 @@ def test_links_carry_their_rate_each_way():
     with Network(hosts=2, mbit=40) as network:
         there, back = send(network, 0, 1, 2.5), send(network, 1, 0, 2.5)
     assert there > 0.45 and back > 0.45, (there, back)
+
+
+def test_hosts_run_the_congestion_control_asked_and_the_machine_keeps_its_list():
+    """Every host's TCP runs cubic (Linux's default) whatever the machine's default is; the
+    machine's list of allowed ones is what it was once the network is gone."""
+    allowed = Path(ALLOWED).read_text()
+    with Network(hosts=2, mbit=40) as network:
+        for host in network.hosts:
+            asked = host.run(["sysctl", "-n", CONGESTION], capture_output=True, text=True)
+            assert asked.stdout.strip() == "cubic"
+        assert "cubic" in Path(ALLOWED).read_text().split()
+    assert Path(ALLOWED).read_text() == allowed or namespaces()  # unless another's is open
 
 
 def test_a_link_it_cannot_make_is_one_line_and_leaves_nothing():
