@@ -6,7 +6,7 @@
 1. A step's parts on 2 workers (gloo on 127.0.0.1): the classifier plugin's model (8
    features, 32 hidden, 4 classes: 420 weights in 4 tensors), 32 samples a worker, the
    loss fetched, timed as one program run on Paddle's executor as kspipe sets it
-   (:mod:`kspipe.memory`; ms, median of alternated rounds, worker 0's view): with no
+   (:mod:`kspipe.process.memory`; ms, median of alternated rounds, worker 0's view): with no
    exchange; with one all-reduce and one scale per gradient (the mode's
    programs before their gradients were fused); with the fused exchange as the mode now
    made it before (one all-gather of a buffer this small); with the fused buffer through
@@ -120,7 +120,7 @@ def step_parts_worker(steps: int) -> None:
 
 def step_parts(steps: int) -> dict:
     from kspipe.cluster.plan import launch_plan
-    from kspipe.memory import EXECUTOR_DEFAULTS
+    from kspipe.process.memory import EXECUTOR_DEFAULTS
 
     workers = [
         subprocess.Popen(

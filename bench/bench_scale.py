@@ -49,7 +49,7 @@ sys.path.insert(0, ROOT)
 from tests.kit.network import Network  # noqa: E402
 
 WORKER = os.path.join(ROOT, "bench", "sum_worker.py")
-LABELS = {"chain": "chain (this checkout)", "shards": "chain and shard summers, N/2 servers"}
+LABELS = {"chain": "chain (this checkout)", "shards": "chain and shard summers"}
 BOOK_PORT = 7090  # the meeting point's, on the first server's host, for --shards
 BLAST = """
 import socket, sys, time
@@ -173,6 +173,11 @@ def meeting_point(host, members: int, env: dict, started: list) -> dict:
     }
 
 
+def series(row: dict) -> tuple:
+    servers = row.get("servers", 0)
+    return row["sum"], row["workers"] / servers if servers else 0
+
+
 def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
 
@@ -180,13 +185,15 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for which in dict.fromkeys(r["sum"] for r in rows):
-        mine = [r for r in rows if r["sum"] == which]
+    for key in dict.fromkeys(series(r) for r in rows):  # the shards: a line per N / M
+        mine = [r for r in rows if series(r) == key]
+        which, per_server = key
+        label = LABELS.get(which, f"hub ({which})")
         ax.plot(
             [r["workers"] for r in mine],
             [r["round_s"] for r in mine],
             "o-",
-            label=LABELS.get(which, f"hub ({which})"),
+            label=f"{label}, N/{per_server:g} servers" if per_server else label,
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers (a host each)")

@@ -1,7 +1,7 @@
 """kspipe: a plugin-based workflow pipeline for distributed PaddlePaddle training.
 
 This module holds only the ``hookimpl`` marker that plugins decorate their stage
-implementations with; the hook specifications live in :mod:`kspipe.hookspecs`.
+implementations with; the hook specifications live in :mod:`kspipe.registry.hookspecs`.
 """
 
 import pluggy

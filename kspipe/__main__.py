@@ -5,7 +5,7 @@ later."""
 
 from __future__ import annotations
 
-from kspipe import stopping
+from kspipe.process import stopping
 
 
 def main() -> None:

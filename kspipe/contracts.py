@@ -94,7 +94,7 @@ class Role(Protocol):
     def load_table_rows(self, rows: dict, folder: str) -> None:
         """Every worker, after :meth:`init_worker`: the tables get ``rows`` (``{name: (ids,
         embedding rows)}``) with fresh optimiser state; ``folder`` takes the files this
-        needs (``init_from=``, :mod:`kspipe.incremental`)."""
+        needs (``init_from=``, :mod:`kspipe.checkpoint.incremental`)."""
 
 
 @runtime_checkable
@@ -186,7 +186,7 @@ class Workload:
         MLflow model (:mod:`kspipe.observers.mlflow.serving` says what it must offer); empty: the
         run logs its ``inference_model/`` folder but no MLflow model.
     :param starts_from: whether it honours ``init_from=`` (its execute stage calls
-        :func:`kspipe.incremental.start_from`); if not, a run given one is refused.
+        :func:`kspipe.checkpoint.incremental.start_from`); if not, a run given one is refused.
     """
 
     name: str

@@ -23,14 +23,16 @@ from omegaconf import open_dict
 from pluggy import PluginManager
 
 from kspipe import config as kconfig
-from kspipe import heartbeat, incremental, job
+from kspipe import job
+from kspipe.checkpoint import incremental
 from kspipe.errors import ConfigError, storage_error
 from kspipe.launchers import restarts
-from kspipe.plugin_manager import STAGES, get_plugin_manager, implementers
+from kspipe.process import heartbeat
+from kspipe.registry.plugin_manager import STAGES, get_plugin_manager, implementers
 from kspipe.reporting import Reporter, say
 
 #: What a process of a cluster job does in each stage, for its launcher's watch of stalls
-#: (kspipe/heartbeat.py); the role stage waits for the job's other processes to meet.
+#: (kspipe/process/heartbeat.py); the role stage waits for the job's other processes to meet.
 PHASES = {
     "role": ("joining the job", True),
     "dataset": ("reading the dataset",),
@@ -122,7 +124,7 @@ def check(cfg, pm):
         raise ConfigError(
             f"init_from={cfg.init_from}: the {workload.name} workload does not "
             f"start from a saved model (its execute stage would have to call "
-            f"kspipe.incremental.start_from)"
+            f"kspipe.checkpoint.incremental.start_from)"
         )
     return workload
 

@@ -7,8 +7,8 @@ import numbers
 import sys
 import threading
 
-from kspipe import heartbeat
 from kspipe.errors import NonFiniteError
+from kspipe.process import heartbeat
 
 
 def say(message: str) -> None:

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kspipe import heartbeat
 from kspipe.errors import ConfigError
+from kspipe.process import heartbeat
 
 
 class Role:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-from kspipe import stopping
 from kspipe.cli.arguments import (
     asks_for_help,
     asks_for_search,
@@ -27,6 +26,7 @@ from kspipe.cli.jobs import Jobs
 from kspipe.cli.process import fail, prepare_process, reader_gone
 from kspipe.cluster import environment
 from kspipe.errors import KspipeError
+from kspipe.process import stopping
 
 #: the command's first arguments that name a command of their own, not a job
 SUBCOMMANDS = ("plugins", "datafeed")
@@ -108,9 +108,9 @@ def checked_jobs(args: list[str]):
     checks, each mistake in one line, and for a job that may run its recorder started and
     Paddle imported.  Returns what Hydra runs, ``(task, its command line)``; None where the
     command has answered itself (``--help``)."""
+    from kspipe.config.schema import register_schemas
     from kspipe.job import register_resolver
-    from kspipe.plugin_manager import get_plugin_manager, implementers, plugin_schemas
-    from kspipe.schema import register_schemas
+    from kspipe.registry.plugin_manager import get_plugin_manager, implementers, plugin_schemas
 
     if args and args[0] == "plugins":  # SUBCOMMANDS
         from kspipe.cli.plugins import list_plugins

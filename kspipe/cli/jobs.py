@@ -7,9 +7,9 @@ import traceback
 
 from omegaconf import open_dict
 
-from kspipe import stopping
 from kspipe.cli.process import fail, reader_gone
 from kspipe.errors import ClusterError, KspipeError, StorageError, first_line, print_error
+from kspipe.process import stopping
 
 
 class Jobs:
@@ -40,10 +40,10 @@ class Jobs:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+        from kspipe.config.schema import register_min_resolver
         from kspipe.observers.sweep import JobFailed, TrialFailed, is_search, job_label
         from kspipe.pipeline import hand_off, prepare, run
-        from kspipe.plugin_manager import get_plugin_manager
-        from kspipe.schema import register_min_resolver
+        from kspipe.registry.plugin_manager import get_plugin_manager
 
         if self.pm is None:
             stopping.install()

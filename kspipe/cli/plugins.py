@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kspipe.plugin_manager import STAGES, get_plugin_manager, installed_packages
+from kspipe.registry.plugin_manager import STAGES, get_plugin_manager, installed_packages
 
 
 def list_plugins(args: list[str]) -> int:

@@ -13,7 +13,7 @@ import sys
 
 from kspipe.cluster.environment import share_cores
 from kspipe.errors import KspipeError, print_error
-from kspipe.memory import cap_arenas, executor_defaults
+from kspipe.process.memory import cap_arenas, executor_defaults
 
 #: Paddle's C++ log: warnings and errors only, unless the user set it
 QUIET_LOG = {"GLOG_minloglevel": "2"}
@@ -22,8 +22,8 @@ QUIET_LOG = {"GLOG_minloglevel": "2"}
 def prepare_process(role: bool, env=os.environ) -> None:
     """Set this process up as kspipe runs a job, each unless the user set it in ``env``:
     Paddle's C++ log quiet (:data:`QUIET_LOG`); glibc's malloc arenas capped at the cores
-    (:func:`kspipe.memory.cap_arenas`: before any thread starts); Paddle's executor as
-    kspipe runs it (:func:`kspipe.memory.executor_defaults`: before Paddle loads); and for
+    (:func:`kspipe.process.memory.cap_arenas`: before any thread starts); Paddle's executor as
+    kspipe runs it (:func:`kspipe.process.memory.executor_defaults`: before Paddle loads); and for
     a process that plays a ``role`` in a job (a launched worker, or a command a scheduler
     started as one), OpenMP's threads that share the host's cores with the job's other
     processes (:func:`kspipe.cluster.environment.share_cores`: before Paddle loads OpenMP).

@@ -17,10 +17,10 @@ def main(argv: list[str]) -> int:
     prepare_process(role=True)  # first: before any thread starts and Paddle loads
     from omegaconf import OmegaConf
 
-    from kspipe import heartbeat, stopping
     from kspipe.errors import KspipeError, NonFiniteError, print_error
     from kspipe.launchers.restarts import NON_FINITE_EXIT
     from kspipe.pipeline import run
+    from kspipe.process import heartbeat, stopping
 
     if len(argv) != 1:
         print("usage: python -m kspipe.cli.worker <job.yaml>", file=sys.stderr)

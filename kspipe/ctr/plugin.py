@@ -12,13 +12,13 @@ mode keeps them) into one scope, so the exported model is self-contained in ever
 from __future__ import annotations
 
 from kspipe import hookimpl
+from kspipe.checkpoint.incremental import start_from
 from kspipe.contracts import Workload
 from kspipe.ctr.config import CtrConfig
 from kspipe.ctr.evaluation import evaluate, pull_tables
 from kspipe.ctr.model import build, fetch_vars
 from kspipe.ctr.training import train
 from kspipe.errors import check_integer, check_keys, check_number
-from kspipe.incremental import start_from
 
 #: What the ctr workload needs of its mode.
 NEEDS = frozenset({"dataset_training", "sparse_tables"})

@@ -17,7 +17,7 @@ import numpy as np
 
 from kspipe.errors import DataError
 from kspipe.inference import MODEL_NAME
-from kspipe.memory import threaded_executor
+from kspipe.process.memory import threaded_executor
 
 
 class ClickModel:
@@ -30,7 +30,7 @@ class ClickModel:
         import paddle
 
         paddle.enable_static()
-        threaded_executor()  # requests arrive on the server's threads (kspipe.memory)
+        threaded_executor()  # requests arrive on the server's threads (kspipe.process.memory)
         self.scope = paddle.static.Scope()
         self.executor = paddle.static.Executor(paddle.CPUPlace())
         with paddle.static.scope_guard(self.scope):

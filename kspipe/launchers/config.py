@@ -4,7 +4,7 @@ how the hosts of a job across hosts meet.
 :class:`LauncherConfig` is their schema, which the default launcher's module
 (:mod:`kspipe.launchers.processes`) declares for them all with ``kspipe_config_schemas``;
 the modes' keys of the group are :class:`kspipe.modes.config.ModeConfig`, and
-:func:`kspipe.schema.joined` makes the two one group.  Hydra refuses a misspelt key or a
+:func:`kspipe.config.schema.joined` makes the two one group.  Hydra refuses a misspelt key or a
 value of the wrong type while it composes the config; the launchers check the values
 themselves.
 """

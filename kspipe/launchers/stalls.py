@@ -3,7 +3,7 @@ counts as failed, and its launcher stops the job, saying in one line which proce
 it was doing.
 
 Each process writes how far it got to ``<logs>/<role>.<index>.progress``
-(:mod:`kspipe.heartbeat`): its steps, and the phase it is in, including the waits on other
+(:mod:`kspipe.process.heartbeat`): its steps, and the phase it is in, including the waits on other
 processes (a sync round's sum, a barrier, a pull from the servers).  :class:`StallWatch`
 reads those files once a second in the launcher (kspipe/launchers/watcher.py
 :meth:`~kspipe.launchers.watcher.Cluster.wait`, and Paddle's launcher's watch), and notes
@@ -33,7 +33,7 @@ import socket
 import time
 
 from kspipe.errors import Stalled
-from kspipe.heartbeat import SUFFIX, path_of
+from kspipe.process.heartbeat import SUFFIX, path_of
 
 CHECK_EVERY_S = 1.0
 

@@ -24,10 +24,10 @@ from omegaconf import OmegaConf
 
 from kspipe import checkpoint
 from kspipe.errors import ClusterError
-from kspipe.heartbeat import DIR_ENV
 from kspipe.launchers import stalls
 from kspipe.launchers.hosts import STOPPED
 from kspipe.launchers.restarts import Why, error_kind, failure_kind, hang_up, tagged
+from kspipe.process.heartbeat import DIR_ENV
 
 JOB_FILE = "job.yaml"
 STOP_GRACE_S = 5.0
@@ -365,7 +365,7 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
 
 def why_stopped(err: BaseException) -> str:
     """A launcher's failure, for the other hosts."""
-    from kspipe.stopping import Preempted
+    from kspipe.process.stopping import Preempted
 
     if isinstance(err, Preempted):
         return f"its launcher was stopped by {err.name}"

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kspipe import heartbeat, hookimpl
+from kspipe import hookimpl
+from kspipe.checkpoint.resizing import resize_line
 from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
@@ -36,7 +37,7 @@ from kspipe.modes.config import ModeConfig
 from kspipe.modes.fused import append_scale, append_sum
 from kspipe.modes.job import ClusterJob
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode, read_vars, write_vars
-from kspipe.resizing import resize_line
+from kspipe.process import heartbeat
 
 
 @hookimpl

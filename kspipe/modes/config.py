@@ -3,7 +3,7 @@
 :class:`ModeConfig` is their schema, which the two modes that read it (pserver, collective)
 declare with ``kspipe_config_schemas``;
 the launchers' keys of the group are :class:`kspipe.launchers.config.LauncherConfig`, and
-:func:`kspipe.schema.joined` makes the two one group.  Hydra refuses a misspelt key or a
+:func:`kspipe.config.schema.joined` makes the two one group.  Hydra refuses a misspelt key or a
 value of the wrong type while it composes the config; the modes check the values themselves.
 """
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 
-from kspipe import checkpoint, heartbeat, hookimpl
+from kspipe import checkpoint, hookimpl
+from kspipe.checkpoint.resizing import resize_line
+from kspipe.checkpoint.tables import check_manifest
 from kspipe.cluster import environment
 from kspipe.cluster.endpoints import process_count
 from kspipe.errors import ConfigError
@@ -32,8 +34,7 @@ from kspipe.modes.job import ClusterJob
 from kspipe.modes.ps.exchange import ExchangingOptimizer, StrategyExchange, check_strategy
 from kspipe.modes.ps.tables import FleetTables
 from kspipe.modes.role import ParameterSync, Role, check_reduce_mode
-from kspipe.resizing import resize_line
-from kspipe.saved_tables import check_manifest
+from kspipe.process import heartbeat
 
 
 @hookimpl
@@ -187,7 +188,7 @@ class PserverRole(Role):
 
     def run_server(self, reporter) -> None:
         """The one server loop: serve the tables the compile stage defined until stopped."""
-        from kspipe import stopping
+        from kspipe.process import stopping
 
         self.fleet.init_server()
         reporter.say(f"server {self.server_index()} ready")

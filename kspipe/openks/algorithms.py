@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
+from kspipe.checkpoint.incremental import PERSISTABLES  # save_persistables' files: persistables.pd*
 from kspipe.errors import ConfigError
-from kspipe.incremental import PERSISTABLES  # save_persistables' files: persistables.pd*
 from kspipe.modes.role import Role, write_vars
 from kspipe.openks.optimizers import (
     AsyncStrategy,
@@ -224,7 +224,7 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
         import paddle.distributed.fleet as fleet
 
         from kspipe.checkpoint import read_state
-        from kspipe.incremental import state_prefix
+        from kspipe.checkpoint.incremental import state_prefix
 
         if self._optimizer is None or self._optimizer._distributed is None:
             raise RuntimeError(
@@ -264,7 +264,7 @@ class CPUDistributedAlgorithm(BaseDistributedAlgorithm):
     def run_server(self) -> None:
         import paddle.distributed.fleet as fleet
 
-        from kspipe import stopping
+        from kspipe.process import stopping
 
         stopping.skip_destructors_at_exit()  # a server that gives up ends, not hangs
         fleet.run_server()

@@ -7,7 +7,7 @@ while Hydra composes the config.
 Ranges (``train.meta_batch >= 1`` ...) are the plugin's ``kspipe_check_config``.
 
 The evaluations' other task counts follow ``eval.tasks`` up to a bound
-(``${kspipe_min:...}``, :data:`kspipe.schema.MIN_RESOLVER`): ``eval.tasks=5`` alone makes
+(``${kspipe_min:...}``, :data:`kspipe.config.schema.MIN_RESOLVER`): ``eval.tasks=5`` alone makes
 every evaluation of a quick run small, and a value given for one of them replaces its bound.
 """
 

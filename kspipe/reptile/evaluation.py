@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kspipe import stopping
 from kspipe.fewshot.data import Prefetcher
+from kspipe.process import stopping
 from kspipe.reptile.lanes import thread_count
 from kspipe.reptile.tasks import evaluation_task
 

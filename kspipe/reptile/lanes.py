@@ -10,7 +10,7 @@ variables of its own: a training lane's share of the gather).
 One executor, one thread: each lane keeps one thread for its whole life, never a pool's,
 and the model's own executor runs only on the job's thread.  Paddle's oneDNN kernels cache
 what they build under keys made from state an executor leaves on the thread that runs it;
-under Paddle's serial executor (every kspipe job's, :mod:`kspipe.memory`), whose operators
+under Paddle's serial executor (every kspipe job's, :mod:`kspipe.process.memory`), whose operators
 run on the calling thread, executors that took turns on a pool's threads failed in oneDNN
 (``RuntimeError: std::exception``), and an executor that ran one program on one thread and
 another on a second crashed in a convolution's backward pass (SIGSEGV).

@@ -13,6 +13,7 @@ import functools
 import os
 
 from kspipe import checkpoint, hookimpl
+from kspipe.checkpoint.resizing import resumed, size
 from kspipe.compiling import build_options, compile_options, compile_with, use_onednn
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError, check_integer, check_keys, check_number
@@ -22,7 +23,6 @@ from kspipe.reptile.lanes import program_sizes, train_sizes
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import ALGORITHMS, INNER_OPTIMIZERS, build_programs
 from kspipe.reptile.training import train_and_evaluate
-from kspipe.resizing import resumed, size
 
 
 def check_resumed_size(cfg) -> None:

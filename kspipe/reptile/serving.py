@@ -21,7 +21,7 @@ import numpy as np
 
 from kspipe.errors import DataError
 from kspipe.inference import MODEL_NAME
-from kspipe.memory import threaded_executor
+from kspipe.process.memory import threaded_executor
 
 QUERY = -1  # the label of a query image
 

@@ -11,12 +11,13 @@ from contextlib import closing
 
 import numpy as np
 
-from kspipe import checkpoint, stopping
-from kspipe.checkpoint_schedule import Schedule
+from kspipe import checkpoint
+from kspipe.checkpoint.incremental import start_from
+from kspipe.checkpoint.schedule import Schedule
 from kspipe.errors import ClusterError
 from kspipe.fewshot.data import Prefetcher
 from kspipe.files import user_path
-from kspipe.incremental import start_from
+from kspipe.process import stopping
 from kspipe.reptile.evaluation import Evaluation
 from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, EVAL_TRAIN_STREAM
@@ -29,7 +30,7 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     Worker w of W runs the global meta-iterations w, w+W, ...: round r is the
     meta-iterations rW .. rW+W-1, one on each worker.  Every worker checkpoints its state
     at the end of the rounds that cross ``train.checkpoint_every``, at those that end
-    ``train.checkpoint_minutes`` of wall-clock time (:mod:`kspipe.checkpoint_schedule`:
+    ``train.checkpoint_minutes`` of wall-clock time (:mod:`kspipe.checkpoint.schedule`:
     the same round on every worker) and at the end; the
     first worker measures the learning curve and, once every worker finished
     (``role.finish_training``), runs the final evaluation and the baseline's.

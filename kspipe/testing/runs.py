@@ -114,7 +114,7 @@ def _empty_store() -> Path:
 
 def plugin_manager(*plugins, load_entrypoints: bool = False):
     """kspipe's registry with extra ``plugins`` registered (``(name, plugin)`` pairs or objects)."""
-    from kspipe.plugin_manager import get_plugin_manager
+    from kspipe.registry.plugin_manager import get_plugin_manager
 
     pm = get_plugin_manager(load_entrypoints=load_entrypoints)
     for plugin in plugins:

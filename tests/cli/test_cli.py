@@ -83,7 +83,7 @@ def test_bad_data(tmp_path, data_copy, damage, args, fragments):
 
 def test_hydra_is_given_the_command_line_for_its_call_only(monkeypatch, capsys):
     from kspipe.cli.command import run_hydra
-    from kspipe.schema import register_schemas
+    from kspipe.config.schema import register_schemas
 
     register_schemas(None)
     monkeypatch.setattr(sys, "argv", ["kspipe", "workers=oops"])
@@ -107,8 +107,8 @@ def test_a_job_describes_its_workload_once(tmp_path, tiny_data, monkeypatch, cap
     """The run and the command's closing line share one description of the workload."""
     from kspipe.cli.command import run_hydra
     from kspipe.cli.jobs import Jobs
-    from kspipe.plugin_manager import get_plugin_manager
-    from kspipe.schema import register_schemas
+    from kspipe.config.schema import register_schemas
+    from kspipe.registry.plugin_manager import get_plugin_manager
 
     pm = get_plugin_manager(load_entrypoints=False)
     called = []

@@ -113,7 +113,7 @@ def marked(pid: int, mark: str) -> bool:
 
 
 def test_paddles_signal_handlers_are_off_from_its_next_module_on():
-    """While :func:`kspipe.stopping.install` imports Paddle, its handlers (glog's: SIGTERM's
+    """While :func:`kspipe.process.stopping.install` imports Paddle, its handlers (glog's: SIGTERM's
     "FatalError" dump, and SIGSEGV's, which Python never handles) are off again before
     each of Paddle's modules imports; afterwards kspipe's handle SIGTERM and SIGINT."""
     check = (

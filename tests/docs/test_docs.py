@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kspipe import hookspecs
+from kspipe.registry import hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_MD = ROOT / "docs" / "plugins.md"
@@ -88,7 +88,7 @@ def test_the_design_map_names_every_package_folder():
 
 
 def test_the_guide_shows_the_collision_warning_kspipe_prints(capsys):
-    from kspipe.plugin_manager import warn_collision
+    from kspipe.registry.plugin_manager import warn_collision
 
     warn_collision("reptile", "my-package")
     line = capsys.readouterr().err.strip()

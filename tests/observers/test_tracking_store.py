@@ -304,9 +304,9 @@ def test_the_command_starts_its_recorder_before_paddles_import(
     the recorder the run will take is started before the config is composed, and is there
     when ``stopping.install`` imports Paddle.  Not for a run that records nothing, nor in
     a process a scheduler started as a role (its first worker records)."""
-    from kspipe import stopping
     from kspipe.cli import command as cli
     from kspipe.observers.mlflow import recorder
+    from kspipe.process import stopping
 
     if "env" in setting:
         monkeypatch.setenv(*setting["env"])

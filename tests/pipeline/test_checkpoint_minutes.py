@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kspipe import checkpoint
-from kspipe.checkpoint_schedule import Schedule
+from kspipe.checkpoint.schedule import Schedule
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
 from kspipe.testing import compose_config, plugin_manager
@@ -100,7 +100,8 @@ import os, signal, sys, time
 import numpy as np
 import paddle
 from omegaconf import OmegaConf
-from kspipe import checkpoint, stopping
+from kspipe import checkpoint
+from kspipe.process import stopping
 
 folder, ending = sys.argv[1], sys.argv[2]
 stopping.install()

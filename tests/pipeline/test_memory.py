@@ -1,4 +1,4 @@
-"""A kspipe process caps glibc's malloc arenas at its cores (kspipe/memory.py): threads that
+"""A kspipe process caps glibc's malloc arenas at its cores (kspipe/process/memory.py): threads that
 allocate then share arenas instead of each keeping one's freed memory; and runs Paddle's
 executor serially, Reptile's lanes included, freeing dead tensors a megabyte at a time.
 The command and a launched worker set these up first thing (kspipe/cli/process.py), and
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kspipe.memory import FREE_ENV, SERIAL_ENV
+from kspipe.process.memory import FREE_ENV, SERIAL_ENV
 from kspipe.testing import run_kspipe, tiny_overrides
 
 #: A process's start, by how it starts: as a ``kspipe`` command (its entry point, with a

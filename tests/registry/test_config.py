@@ -1,4 +1,4 @@
-"""The config validates itself: each group's dataclass (kspipe.schema's, and the owners'
+"""The config validates itself: each group's dataclass (kspipe.config.schema's, and the owners'
 config.py, which the built-in plugins declare through ``kspipe_config_schemas`` as installed
 plugins do) refuses a misspelt key or a value of the wrong type, in one line, while the root
 stays open to the groups of third-party plugins; the defaults are those config.yaml had."""
@@ -203,7 +203,7 @@ def test_the_groups_are_in_the_order_config_yaml_had():
 
 
 def test_registering_the_schemas_again_changes_nothing():
-    from kspipe.schema import register_schemas
+    from kspipe.config.schema import register_schemas
 
     before = compose_config(["train.meta_iters=7"])
     register_schemas()

@@ -67,7 +67,7 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
     keys) and by the launchers (theirs)."""
     from kspipe.launchers.config import LauncherConfig
     from kspipe.modes.config import ModeConfig
-    from kspipe.plugin_manager import get_plugin_manager
+    from kspipe.registry.plugin_manager import get_plugin_manager
 
     owners: dict = {}
     for impl in get_plugin_manager(
@@ -155,7 +155,7 @@ def test_installed_plugins_may_share_a_group_each_with_keys_of_its_own():
     from dataclasses import dataclass
 
     from kspipe import hookimpl
-    from kspipe.plugin_manager import plugin_schemas
+    from kspipe.registry.plugin_manager import plugin_schemas
     from kspipe.testing import plugin_manager
 
     @dataclass
@@ -206,7 +206,7 @@ def test_a_plugins_key_named_like_a_method_of_the_config_is_one_line():
     from dataclasses import dataclass
 
     from kspipe import hookimpl
-    from kspipe.plugin_manager import plugin_schemas
+    from kspipe.registry.plugin_manager import plugin_schemas
     from kspipe.testing import plugin_manager
 
     @dataclass

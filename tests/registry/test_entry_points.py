@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.plugin_manager import builtin_plugins, get_plugin_manager
+from kspipe.registry.plugin_manager import builtin_plugins, get_plugin_manager
 from kspipe.testing import begun_store, install_plugin, plugin_env, run_kspipe
 
 REPO = Path(__file__).resolve().parents[2]

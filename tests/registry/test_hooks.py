@@ -7,10 +7,11 @@ import inspect
 import pluggy
 import pytest
 
-from kspipe import hookimpl, hookspecs
+from kspipe import hookimpl
 from kspipe.errors import ConfigError
 from kspipe.pipeline import check_mode, run, stage_caller
-from kspipe.plugin_manager import STAGES, get_plugin_manager
+from kspipe.registry import hookspecs
+from kspipe.registry.plugin_manager import STAGES, get_plugin_manager
 from kspipe.testing import HookRecorder, plugin_manager
 
 HOOKS = [

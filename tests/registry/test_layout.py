@@ -1,6 +1,7 @@
 """The layout's limits, kept by a check rather than by memory: no Python file of the
-project (kspipe, its tests, benches, examples and plugins) over 400 lines, and the folders
-docs/design.md names each holding one concern's modules."""
+project (kspipe, its tests, benches, examples and plugins) over 400 lines, no folder of
+kspipe over 12 modules, and the folders docs/design.md names each holding one concern's
+modules."""
 
 from __future__ import annotations
 
@@ -40,6 +41,20 @@ def test_no_python_file_is_over_400_lines():
     assert not long, f"files over {MOST_LINES} lines (split them by concern): {long}"
 
 
+MOST_MODULES = 12
+
+
+def test_no_folder_of_kspipe_holds_more_than_12_modules():
+    """A folder past a dozen modules holds more than one concern: the top level once grew to
+    23 (checkpoints, a process's life and the registry now have folders of their own)."""
+    counts: dict = {}
+    for path in modules():
+        folder = str(path.parent.relative_to(ROOT))
+        counts[folder] = counts.get(folder, 0) + 1
+    crowded = {folder: n for folder, n in counts.items() if n > MOST_MODULES}
+    assert not crowded, f"folders over {MOST_MODULES} modules: {crowded}"
+
+
 def test_each_concern_has_its_folder():
     """The cluster's vocabulary, the launchers, the modes with the parameter servers'
     exchange, MLflow and the command each live in a folder of their own."""
@@ -50,6 +65,10 @@ def test_each_concern_has_its_folder():
         "modes/ps": {"exchange.py", "dense.py", "tables.py"},
         "observers/mlflow": {"tracking.py", "store.py", "serving.py"},
         "cli": {"command.py", "plugins.py", "worker.py"},
+        "checkpoint": {"__init__.py", "schedule.py", "tables.py", "resizing.py"},
+        "process": {"stopping.py", "memory.py", "heartbeat.py"},
+        "registry": {"hookspecs.py", "plugin_manager.py"},
+        "config": {"__init__.py", "schema.py"},
     }
     for folder, names in expected.items():
         present = {p.name for p in (ROOT / "kspipe" / folder).glob("*.py")}

@@ -93,19 +93,25 @@ PLUGIN_PACKAGES = (
 )
 CORE = (
     "pipeline",
-    "plugin_manager",
-    "hookspecs",
+    "registry.plugin_manager",
+    "registry.hookspecs",
     "contracts",
     "errors",
     "config",
+    "config.schema",
     "files",
     "reporting",
     "checkpoint",
+    "checkpoint.schedule",
+    "checkpoint.tables",
+    "checkpoint.resizing",
+    "checkpoint.incremental",
+    "process.stopping",
+    "process.memory",
+    "process.heartbeat",
     "inference",
     "compiling",
     "role",
-    "incremental",
-    "saved_tables",
 )
 WORKLOADS = ("kspipe.reptile", "kspipe.ctr")
 MODES = ("kspipe.modes",)
@@ -114,14 +120,14 @@ MODES = ("kspipe.modes",)
 def test_the_rules_see_the_modules():
     assert {f"kspipe.{name}" for name in CORE} <= set(MODULES)
     assert any(within(m, WORKLOADS) for m in MODULES)
-    builtins = imports("kspipe.plugin_manager", module_level=False)  # builtin_plugins' too
+    builtins = imports("kspipe.registry.plugin_manager", module_level=False)  # and its function
     assert any(within(name, PLUGIN_PACKAGES) for name, _ in builtins)
 
 
 @pytest.mark.parametrize("name", CORE)
 def test_core_modules_import_no_plugin_package(name):
     module = f"kspipe.{name}"
-    if name == "plugin_manager":  # anywhere but builtin_plugins, which lists the built-ins
+    if name == "registry.plugin_manager":  # anywhere but builtin_plugins, which lists the built-ins
         found = imports(module, module_level=False, skip_functions=("builtin_plugins",))
     else:
         found = imports(module)
@@ -144,7 +150,10 @@ def test_workloads_import_no_mode():
 
 #: Where the core lists the built-in plugins (to register them and their config schemas):
 #: the registry may name every plugin, a workload reaching it reaches no mode's code.
-REGISTRY = {"kspipe.plugin_manager": ("builtin_plugins",), "kspipe.schema": ("register_schemas",)}
+REGISTRY = {
+    "kspipe.registry.plugin_manager": ("builtin_plugins",),
+    "kspipe.config.schema": ("register_schemas",),
+}
 
 
 def reached(module: str, graph: dict[str, set[str]]) -> set[str]:
@@ -160,9 +169,9 @@ def reached(module: str, graph: dict[str, set[str]]) -> set[str]:
 
 
 def test_workloads_reach_no_mode_through_another_module():
-    """A core module a workload imports (``kspipe.incremental``, ``kspipe.checkpoint``
-    ...) imports no mode either, not even inside a function, but where the registry lists
-    the built-in plugins; the walk is seen to follow the imports."""
+    """A core module a workload imports (``kspipe.checkpoint.incremental``,
+    ``kspipe.checkpoint`` ...) imports no mode either, not even inside a function, but where
+    the registry lists the built-in plugins; the walk is seen to follow the imports."""
     graph = import_graph(skip=REGISTRY)
     bad = {
         module: sorted(m for m in reached(module, graph) if within(m, MODES))
@@ -172,7 +181,7 @@ def test_workloads_reach_no_mode_through_another_module():
     bad = {module: modes for module, modes in bad.items() if modes}
     assert not bad, f"workloads reach modes through other modules: {bad}"
     assert "kspipe.role" in reached("kspipe.reptile.learner", graph)
-    assert "kspipe.saved_tables" in reached("kspipe.ctr.plugin", graph)
+    assert "kspipe.checkpoint.tables" in reached("kspipe.ctr.plugin", graph)
 
 
 def test_modes_import_no_workload_or_data_set():
@@ -296,8 +305,7 @@ ROLE_CALLERS = [
     *sorted((PACKAGE / "ctr").glob("*.py")),
     *sorted((ROOT / "plugins" / "kspipe-classifier").glob("kspipe_classifier/*.py")),
     *sorted((ROOT / "tests" / "plugins" / "bags").glob("kspipe_bags/*.py")),
-    PACKAGE / "incremental.py",
-    PACKAGE / "checkpoint.py",
+    *sorted((PACKAGE / "checkpoint").glob("*.py")),
 ]
 
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from kspipe.saved_tables import check_manifest, reshard
+from kspipe.checkpoint.tables import check_manifest, reshard
 from kspipe.testing import assert_one_line_error, run_kspipe
 from tests.kit import (
     CTR_LINES,
@@ -178,7 +178,7 @@ def test_a_cluster_model_goes_on_in_one_process_and_back(on_servers):
     """init_from: the servers' shards and the workers' state of a cluster run become one
     process's model (the same rows, the same tower), which trains on; its model goes back
     onto a cluster of another number of servers and scores exactly as it did."""
-    from kspipe.saved_tables import read_table_rows
+    from kspipe.checkpoint.tables import read_table_rows
 
     tmp, _ = on_servers
 
@@ -251,7 +251,7 @@ def test_a_server_killed_while_checkpointing_leaves_the_last_checkpoint(tmp_path
     import sys
     import time
 
-    from kspipe.saved_tables import read_table_rows
+    from kspipe.checkpoint.tables import read_table_rows
 
     run_dir = tmp_path / "run"
     args = [*ctr_overrides(tmp_path, *CLUSTER), "ctr.epochs=8"]

@@ -50,11 +50,11 @@ import time
 
 import numpy as np
 
-from kspipe import heartbeat
 from kspipe.errors import ClusterError, ConfigError, check_integer
 from kspipe.modes.ps import sharded
 from kspipe.modes.ps.dense import ParameterExchange
 from kspipe.modes.role import ParameterSync, read_vars, write_vars
+from kspipe.process import heartbeat
 
 STRATEGIES = ("sync", "async", "geo")
 
@@ -127,7 +127,7 @@ class StrategyExchange(ParameterSync):
     @contextlib.contextmanager
     def timed(self, part: str):
         """Time ``part``, a wait on the servers or the other workers (a phase of the
-        process, for its launcher's watch of stalls: kspipe/heartbeat.py)."""
+        process, for its launcher's watch of stalls: kspipe/process/heartbeat.py)."""
         started = time.perf_counter()
         try:
             with heartbeat.phase(PHASES[part].format(self.strategy), waiting=True):

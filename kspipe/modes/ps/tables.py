@@ -1,7 +1,7 @@
 """Fleet's own tables, for workloads trained with ``train_from_dataset``: the async
 transpiling (:class:`FleetTables`), whose servers write and load the table files a
 checkpoint holds (what those files are, and how kspipe checks and reads them:
-:mod:`kspipe.saved_tables`).
+:mod:`kspipe.checkpoint.tables`).
 """
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from kspipe.errors import ClusterError
-from kspipe.modes.ps.dense import CLIENT_FLAGS, pull_all_dense
-from kspipe.modes.role import ParameterSync
-from kspipe.saved_tables import (
+from kspipe.checkpoint.tables import (
     SPARSE_TABLE,
     check_manifest,
     missing_shard,
@@ -21,6 +18,9 @@ from kspipe.saved_tables import (
     write_manifest,
     write_table_rows,
 )
+from kspipe.errors import ClusterError
+from kspipe.modes.ps.dense import CLIENT_FLAGS, pull_all_dense
+from kspipe.modes.role import ParameterSync
 
 #: The run folder's copy of resumed tables split anew for this job's servers, while they load.
 RESHARDED = "resharded-tables"
@@ -163,7 +163,7 @@ class FleetTables(ParameterSync):
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
         then takes their dense part.  Tables saved by another number of servers are split
-        anew for this job's first (:func:`kspipe.saved_tables.reshard`, into the run
+        anew for this job's first (:func:`kspipe.checkpoint.tables.reshard`, into the run
         folder, removed once the servers have read them)."""
         self.role.barrier_worker()
         if self.role.is_first_worker():

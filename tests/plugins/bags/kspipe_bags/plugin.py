@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kspipe import checkpoint, hookimpl
+from kspipe.checkpoint.incremental import start_from
 from kspipe.contracts import Workload
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
-from kspipe.incremental import start_from
 
 NAME = "bags"
 

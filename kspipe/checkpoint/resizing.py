@@ -3,7 +3,7 @@
 ``resume=`` takes a checkpoint to a job of any size.  The workers' state is the model,
 whole in every worker, and each worker's own part (a Reptile worker's optimiser state):
 a workload splits its work anew among the new workers.  The parameter servers' tables are
-split anew for the new servers when they load (:func:`kspipe.saved_tables.reshard`).
+split anew for the new servers when they load (:func:`kspipe.checkpoint.tables.reshard`).
 This module reads the size that wrote a checkpoint from the config saved beside it, for
 the one line that says the job resumes at another size, and for a workload's own rule of
 what sizes it can resume at (Reptile's whole rounds).

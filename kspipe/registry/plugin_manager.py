@@ -11,8 +11,9 @@ import os
 
 import pluggy
 
-from kspipe import NAME, hookspecs
+from kspipe import NAME
 from kspipe.errors import ConfigError
+from kspipe.registry import hookspecs
 
 #: Stage name (the key under ``stages:`` in the config) to the hook that serves it.
 STAGES = {
@@ -135,7 +136,7 @@ def plugin_schemas(pm: pluggy.PluginManager, builtin: bool = False) -> dict:
     ``kspipe_config_schemas`` (``builtin``: that the built-in ones declare, kspipe's own
     groups), each group's in the order the plugins were registered; a dataclass several
     return counts once.  One that is not a dataclass is one line.  Several of one group are
-    one dataclass of all their keys (:func:`kspipe.schema.joined`)."""
+    one dataclass of all their keys (:func:`kspipe.config.schema.joined`)."""
     import dataclasses
 
     names = {name for name, _ in builtin_plugins()}

@@ -1,6 +1,6 @@
 """Composing the config, and the checks every run needs whatever its workload and mode.
 
-Types and known keys are the schema's (:mod:`kspipe.schema`): Hydra refuses a mistake while
+Types and known keys are the schema's (:mod:`kspipe.config.schema`): Hydra refuses a mistake while
 it composes, and :func:`compose` says which ``key=value`` in one line.  Ranges are each
 workload's and mode's ``kspipe_check_config``, helped by :func:`kspipe.errors.check_keys`.
 """
@@ -26,7 +26,7 @@ def compose(overrides=(), config_dirs=(), schemas=None):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kspipe.schema import register_schemas
+    from kspipe.config.schema import register_schemas
 
     register_schemas(schemas)
     overrides = list(overrides)

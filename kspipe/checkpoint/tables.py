@@ -6,7 +6,7 @@ them to; this module knows the folder: the manifest written beside the shards, t
 before a load, a sparse table's rows read or written as arrays, and the shards split anew
 for another number of servers (:func:`reshard`).  It is in the core,
 not with the mode, because a run in any mode reads a saved run's rows to start from its
-model (:mod:`kspipe.incremental`), and a workload may not reach a mode.
+model (:mod:`kspipe.checkpoint.incremental`), and a workload may not reach a mode.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kspipe import checkpoint
+from kspipe.checkpoint.tables import read_table_rows
 from kspipe.contracts import Role
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
-from kspipe.saved_tables import read_table_rows
 
 #: The folder OpenKS's ``save_persistables(exe, dir)`` writes ``persistables.pd*`` into.
 PERSISTABLES = "persistables"

@@ -10,7 +10,7 @@ and every stage is bracketed by ``kspipe_before_stage`` and ``kspipe_after_stage
 ``kspipe_on_stage_error``), so an observer can time or trace any of them.
 
 Each stage is served by exactly one plugin, chosen by name in the config
-(``stages.<stage>``, see :data:`kspipe.plugin_manager.STAGES`); the stage hooks
+(``stages.<stage>``, see :data:`kspipe.registry.plugin_manager.STAGES`); the stage hooks
 are ``firstresult`` and called only on that plugin.  The lifecycle hooks
 (``kspipe_run_start`` ... ``kspipe_run_error``) are called on every plugin:
 tracking, progress display and other observers implement them.

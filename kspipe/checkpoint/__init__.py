@@ -25,9 +25,9 @@ from contextlib import contextmanager, suppress
 
 import numpy as np
 
-from kspipe import heartbeat
 from kspipe.errors import ConfigError, StorageError, first_line, storage_error
 from kspipe.files import user_path
+from kspipe.process import heartbeat
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
 UNFINISHED = ".tmp"  # a checkpoint being written

@@ -91,7 +91,7 @@ def register_schemas(plugins: dict | None = None) -> None:
     (:func:`builtin_schemas`), each stored as the option that ``conf/config.yaml``'s defaults
     list names (:func:`option_name`).  ``plugins``: ``{group: dataclass}`` (or ``{group:
     [dataclass, ...]}``, :func:`joined`) of the installed plugins' groups
-    (:func:`kspipe.plugin_manager.plugin_schemas`), stored together as the config
+    (:func:`kspipe.registry.plugin_manager.plugin_schemas`), stored together as the config
     ``plugins``, which the defaults list merges right after the top-level keys.
     """
     from hydra.core.config_store import ConfigStore
@@ -126,7 +126,7 @@ def register_min_resolver() -> None:
 def builtin_schemas() -> dict:
     """``{group: [dataclass, ...]}`` of kspipe's own groups: what the built-in plugins declare
     with ``kspipe_config_schemas``, as installed plugins declare theirs."""
-    from kspipe.plugin_manager import get_plugin_manager, plugin_schemas
+    from kspipe.registry.plugin_manager import get_plugin_manager, plugin_schemas
 
     return plugin_schemas(get_plugin_manager(load_entrypoints=False), builtin=True)
 
