@@ -24,9 +24,10 @@ The layout of a network ``<pid>-<n>`` (the ``n``-th one process ``pid`` made):
   default, unless told otherwise; ``None``: the machine's).  The hosts are stock machines
   whatever this one runs: a machine whose default is BBR (v1) gave each host BBR, which
   through these shallow tail-drop queues lost one segment in ten with 16 or more flows a
-  link (BENCHMARKS.md).  A namespace may take only a congestion control the machine allows
-  (``net.ipv4.tcp_allowed_congestion_control``): one missing there is added while a network
-  is open, and the list is put back when the last one (of any process) closes.
+  link (docs/benchmark-log.md).  A namespace may take only a congestion control the
+  machine allows (``net.ipv4.tcp_allowed_congestion_control``): one missing there is
+  added while a network is open, and the list is put back when the last one (of any
+  process) closes.
 
 A host's commands (:meth:`Host.popen`, :meth:`Host.run`) run through ``ip netns exec``: in
 the host's network, on the machine's one filesystem.
