@@ -187,6 +187,10 @@ class Workload:
         run logs its ``inference_model/`` folder but no MLflow model.
     :param starts_from: whether it honours ``init_from=`` (its execute stage calls
         :func:`kspipe.checkpoint.incremental.start_from`); if not, a run given one is refused.
+    :param resumes: whether it honours ``resume=`` (its execute stage goes on from the
+        checkpoint ``cfg.resume`` names, through :func:`kspipe.checkpoint.latest` and
+        :func:`kspipe.checkpoint.load`); if not, a run given one is refused, and so is a job
+        with ``cluster.max_restarts`` above 0, which a restart would start over from nothing.
     """
 
     name: str
@@ -196,6 +200,7 @@ class Workload:
     needs: frozenset = field(default_factory=frozenset)
     serving: str = ""
     starts_from: bool = False
+    resumes: bool = False
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)

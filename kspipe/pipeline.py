@@ -120,13 +120,36 @@ def check(cfg, pm):
     pm.hook.kspipe_check_config(cfg=cfg)
     incremental.check_source(cfg)  # before any process starts
     workload = describe_workload(pm, cfg)
+    check_declared(cfg, workload)
+    return workload
+
+
+def check_declared(cfg, workload) -> None:
+    """A run that asks its workload for what it does not declare is refused, not run as if
+    it had been asked nothing: ``init_from`` without ``starts_from``; ``resume``, or a job
+    that a restart would start again from its latest checkpoint, without ``resumes``.  (A
+    job Slurm requeued has its ``resume`` set by :func:`prepare`, before this check.)"""
     if cfg.get("init_from") and not workload.starts_from:
         raise ConfigError(
             f"init_from={cfg.init_from}: the {workload.name} workload does not "
             f"start from a saved model (its execute stage would have to call "
             f"kspipe.checkpoint.incremental.start_from)"
         )
-    return workload
+    if workload.resumes:
+        return
+    if cfg.get("resume"):
+        raise ConfigError(
+            f"resume={cfg.resume}: the {workload.name} workload does not resume from a "
+            f"checkpoint (its execute stage would have to load the one resume= names with "
+            f"kspipe.checkpoint.load, and its workload declare resumes=True)"
+        )
+    restarts = int(cfg.cluster.get("max_restarts") or 0) if cfg.get("cluster") else 0
+    if restarts > 0:
+        raise ConfigError(
+            f"cluster.max_restarts={restarts}: the {workload.name} workload does not resume "
+            f"from a checkpoint, so a restart would start it over from nothing; set "
+            f"cluster.max_restarts=0"
+        )
 
 
 def stage_caller(pm: PluginManager, stage: str, plugin_name: str):

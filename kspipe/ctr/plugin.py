@@ -39,6 +39,7 @@ def kspipe_describe_workload(cfg):
         needs=NEEDS,
         serving="kspipe.ctr.serving:ClickModel",
         starts_from=True,
+        resumes=True,
     )
 
 

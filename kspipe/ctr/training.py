@@ -56,6 +56,7 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         started = time.perf_counter()
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]
+        printer.lines = progress.get("fetch_lines", 0)  # its steps go on from there
         reporter.say(
             f"resumed after epoch {first_epoch} from {cfg.resume} (tables loaded in "
             f"{time.perf_counter() - started:.2f} s)"
@@ -84,7 +85,7 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
             if dataset.kind == "in_memory":
                 files.release_memory()
             monitor.report(epoch_done=epoch + 1)
-            save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1, writer)
+            save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1, writer, printer.lines)
     seconds = time.perf_counter() - started
     auc = monitor.auc()
     samples = per_epoch * (epochs - first_epoch)
@@ -104,8 +105,11 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     return metrics
 
 
-def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int, writer=None) -> None:
-    """Every worker calls it after an epoch: the first writes the checkpoint, with the
+def save_checkpoint(
+    cfg, role, programs, scope, reporter, epoch: int, writer=None, fetch_lines: int = 0
+) -> None:
+    """Every worker calls it after an epoch: the first writes the checkpoint (with how many
+    fetch lines were printed, so a resumed run's ``fetch_*`` steps go on), with the
     tables the mode keeps outside the workers (each server's shard) inside it, while the
     others wait; nobody pushes the next epoch's updates before the tables are written.
     The rest of the checkpoint (the dense state, copied) is written on ``writer``'s thread
@@ -129,7 +133,7 @@ def save_checkpoint(cfg, role, programs, scope, reporter, epoch: int, writer=Non
             scope,
             os.path.join(reporter.run_dir, "checkpoints"),
             epoch,
-            {"epoch": epoch},
+            {"epoch": epoch, "fetch_lines": fetch_lines},
             cfg.train.keep_checkpoints,
             cfg=cfg,
             tables=save_tables,

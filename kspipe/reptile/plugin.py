@@ -60,6 +60,7 @@ def kspipe_describe_workload(cfg):
         summary=("test_accuracy", "baseline_test_accuracy", "train_accuracy", "tasks_per_s"),
         serving="kspipe.reptile.serving:FewShotModel",
         starts_from=True,
+        resumes=True,
     )
 
 

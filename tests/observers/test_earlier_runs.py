@@ -160,3 +160,66 @@ def test_a_requeued_slurm_job_goes_on_in_its_run_and_a_new_job_never_takes_one(
     beside, elsewhere = attempt_of(tmp_path, "slurm-7", 1, run_dir="outputs/job-other")
     assert elsewhere not in (run_id, old_id)
     assert status_and_restarts(beside, elsewhere) == ("RUNNING", "1")
+
+
+def points(record, run_id, key) -> list[tuple]:
+    return sorted((m.step, m.value) for m in record.client.get_metric_history(run_id, key))
+
+
+@pytest.mark.parametrize("how", ["requeued", "restarted worker"])
+def test_a_resumed_attempt_logs_no_step_its_run_already_holds(tmp_path, monkeypatch, how):
+    """Resumed from the checkpoint of step 5, the second attempt trains steps 6-10 again:
+    the run keeps the first attempt's points there, one per step, and takes the new ones
+    from step 11 on, and a metric the first attempt never logged whole.  A process's
+    system metrics and the launcher's ``restarts`` count are logged as they come.  How the
+    run is opened again: Slurm's requeue (:func:`~kspipe.observers.mlflow.earlier_runs.reopen`),
+    or ``cluster.max_restarts`` starting the first worker again in the launcher's run (its
+    id given)."""
+    from kspipe.observers.mlflow.record import Record
+
+    monkeypatch.chdir(tmp_path)
+    owner, run_id = attempt_of(tmp_path, "slurm-7", 0)
+
+    def attempt(restarts: int) -> Record:
+        if how == "requeued":
+            record, same = attempt_of(tmp_path, "slurm-7", restarts) if restarts else (owner, 0)
+            assert same in (0, run_id)
+            return record
+        worker = Record()
+        assert worker.open(begun_store(tmp_path), "kspipe", run_id, None)[0] == run_id
+        return worker
+
+    first = attempt(0)
+    for step in range(1, 11):
+        first.metrics({"loss": float(step), "system/cpu_percent": 50.0}, step, 1000 + step)
+    first.metrics({"accuracy": 0.5, "restarts": 1.0}, 4, 2000)
+    if how == "requeued":
+        first.end("KILLED")
+
+    again = attempt(1)
+    for step in range(6, 16):
+        again.metrics({"loss": 100.0 + step}, step, 3000 + step)
+    again.metrics({"accuracy": 0.75, "system/cpu_percent": 60.0, "eval": 0.25}, 4, 4000)
+    again.metrics({"accuracy": 0.875, "restarts": 1.0}, 5, 4001)
+    again.metrics({"restarts": 1.0}, 4, 4002)  # a launcher requeued counts from 1 again
+
+    assert points(again, run_id, "loss") == [(s, float(s)) for s in range(1, 11)] + [
+        (s, 100.0 + s) for s in range(11, 16)
+    ]
+    assert points(again, run_id, "accuracy") == [(4, 0.5), (5, 0.875)]
+    assert points(again, run_id, "eval") == [(4, 0.25)]
+    assert points(again, run_id, "restarts") == [(4, 1.0), (4, 1.0), (5, 1.0)]
+    assert points(again, run_id, "system/cpu_percent") == sorted(
+        [(s, 50.0) for s in range(1, 11)] + [(4, 60.0)]
+    )
+
+
+def test_a_new_run_logs_every_point_it_is_given(tmp_path, monkeypatch):
+    """No earlier attempt, nothing left out: a step logged twice within one attempt stays
+    twice, as MLflow takes it."""
+    monkeypatch.chdir(tmp_path)
+    record, run_id = attempt_of(tmp_path, "slurm-7", 0)
+    assert record.logged == {}
+    for step, loss in ((1, 1.0), (2, 2.0), (2, 2.5), (3, 3.0)):
+        record.metrics({"loss": loss}, step, 1000 + step)
+    assert points(record, run_id, "loss") == [(1, 1.0), (2, 2.0), (2, 2.5), (3, 3.0)]

@@ -5,17 +5,26 @@ whose tables the servers keep as sparse tables: workloads/test_ctr.py.)"""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
+from kspipe import hookimpl
+from kspipe.contracts import Workload
 from kspipe.errors import ConfigError
-from kspipe.pipeline import run
+from kspipe.pipeline import check, prepare, run
 from kspipe.testing import (
     assert_one_line_error,
     compose_config,
+    install_plugin,
+    plugin_env,
     plugin_manager,
     run_kspipe,
     tiny_overrides,
+)
+
+CLASSIFIER = (
+    Path(__file__).resolve().parents[2] / "plugins" / "kspipe-classifier" / "kspipe_classifier"
 )
 
 
@@ -121,3 +130,106 @@ def test_a_bad_source_fails_a_cluster_before_any_process_starts(chain, tmp_path,
     )
     assert_one_line_error(result, f"init_from={tmp_path / 'nowhere'}: no such folder")
     assert not (tmp_path / "run" / "debug").exists()  # no process was started
+
+
+# --- what a workload declares: init_from needs starts_from, resume and restarts resumes ---
+
+
+class Declared:
+    """A workload that declares only ``resumes``: its name and nothing else (the pipeline's
+    check asks no other stage of it)."""
+
+    def __init__(self, name: str, resumes: bool):
+        self.name, self.resumes = name, resumes
+
+    @hookimpl
+    def kspipe_describe_workload(self, cfg):
+        return Workload(name=self.name, headline="loss", rate="steps_per_s", resumes=self.resumes)
+
+
+def checked(tmp_path, *overrides):
+    """The workload ``pipeline.check`` finds for a run of ``stages.program=<overrides>``
+    with the workloads ``still`` (which does not resume) and ``goes_on`` (which does)."""
+    pm = plugin_manager(("still", Declared("still", False)), ("goes_on", Declared("goes_on", True)))
+    return check(compose_config([f"run_dir={tmp_path / 'run'}", *overrides]), pm)
+
+
+def test_a_workload_that_does_not_resume_refuses_resume_and_restarts(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        checked(tmp_path, "stages.program=still", f"resume={tmp_path}")
+    assert str(refused.value) == (
+        f"resume={tmp_path}: the still workload does not resume from a checkpoint (its "
+        f"execute stage would have to load the one resume= names with kspipe.checkpoint.load, "
+        f"and its workload declare resumes=True)"
+    )
+    with pytest.raises(ConfigError) as refused:
+        checked(tmp_path, "stages.program=still", "mode=pserver", "cluster.max_restarts=1")
+    assert str(refused.value) == (
+        "cluster.max_restarts=1: the still workload does not resume from a checkpoint, so a "
+        "restart would start it over from nothing; set cluster.max_restarts=0"
+    )
+    assert not checked(tmp_path, "stages.program=still", "cluster.max_restarts=0").resumes
+
+
+def test_a_workload_that_resumes_is_given_resume_and_restarts(tmp_path):
+    workload = checked(
+        tmp_path, "stages.program=goes_on", f"resume={tmp_path}", "cluster.max_restarts=3"
+    )
+    assert workload == Workload(name="goes_on", headline="loss", rate="steps_per_s", resumes=True)
+
+
+def test_a_requeued_slurm_job_of_a_workload_that_resumes_resumes(tmp_path, monkeypatch):
+    """Slurm's requeue sets ``resume`` itself (pipeline.prepare), before the check."""
+    newest = tmp_path / "run" / "checkpoints" / "checkpoint-0000008"
+    newest.mkdir(parents=True)
+    (newest.parent / "checkpoint-0000004").mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    pm = plugin_manager(("goes_on", Declared("goes_on", True)))
+    cfg = compose_config(
+        [f"run_dir={tmp_path / 'run'}", "stages.program=goes_on", "cluster.launcher=slurm"]
+    )
+    assert prepare(cfg, pm).resumes
+    assert cfg.resume == str(newest)
+
+
+def test_the_shipped_workloads_that_read_resume_declare_it():
+    """Reptile and ctr read ``cfg.resume`` in their execute stage (the example classifier,
+    which reads no checkpoint, is refused by the test below)."""
+    from kspipe.ctr import plugin as ctr
+    from kspipe.reptile import plugin as reptile
+
+    assert reptile.kspipe_describe_workload(cfg=None).resumes
+    assert ctr.kspipe_describe_workload(cfg=None).resumes
+
+
+def test_the_classifier_refuses_resume_and_restarts_before_any_process_starts(tmp_path):
+    """Through the command: one line, no traceback, nothing started (the run folder holds
+    Hydra's files only)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    install_plugin(site, CLASSIFIER, "classifier = kspipe_classifier.plugin")
+    common = ["+experiment=blobs", "tracking.enabled=false"]
+    for name, given, line in (
+        (
+            "resumed",
+            [f"resume={tmp_path}"],
+            f"resume={tmp_path}: the classifier workload does not resume from a checkpoint "
+            f"(its execute stage would have to load the one resume= names with "
+            f"kspipe.checkpoint.load, and its workload declare resumes=True)",
+        ),
+        (
+            "restarted",
+            ["mode=pserver", "workers=2", "cluster.max_restarts=1"],
+            "cluster.max_restarts=1: the classifier workload does not resume from a "
+            "checkpoint, so a restart would start it over from nothing; set "
+            "cluster.max_restarts=0",
+        ),
+    ):
+        run_dir = tmp_path / name
+        result = run_kspipe(
+            *common, *given, f"run_dir={run_dir}", cwd=tmp_path, env=plugin_env(site), timeout=120
+        )
+        assert_one_line_error(result)
+        assert result.stderr.strip().splitlines() == [f"kspipe: error: {line}"], result.stderr
+        assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "jobs.log"]

@@ -9,8 +9,9 @@ beginning, in the same run folder (a requeued Slurm job resumes from its newest 
 there).  Its first attempt's run ended (KILLED or FAILED; FINISHED if the job was done); the
 new attempt finds that run (:func:`earlier_run`: the tags ``kspipe.job``, the job's key of
 :class:`kspipe.job.Attempt`, and ``kspipe.run_dir``) and goes on recording into it
-(:func:`reopen`): RUNNING again, its metrics from the checkpoint's step on, its params as
-the first attempt logged them (MLflow keeps a param's first value), ``kspipe.restarts``
+(:func:`reopen`): RUNNING again, its metrics from the checkpoint's step on (a step the run
+already holds is not logged again: :func:`logged_steps`), its params as the first attempt
+logged them (MLflow keeps a param's first value), ``kspipe.restarts``
 counting the attempts before, and ``kspipe.resumed_from`` naming the checkpoint.  The run is
 found only when the job is started again: a new job never takes a run, even one of its run
 folder.
@@ -25,6 +26,9 @@ from kspipe.reporting import say
 
 #: The tags of a job that its scheduler may start again.
 JOB_TAG, RESTARTS_TAG, RESUMED_TAG = "kspipe.job", "kspipe.restarts", "kspipe.resumed_from"
+#: The metrics logged at every step they come with: the job's restart count (a step each)
+#: and the processes' samples (their own recorder, a count of their own).
+REPEATABLE, REPEATABLE_PREFIX = ("restarts",), "system/"
 
 
 def source_run_id(client, path: str) -> str | None:
@@ -91,3 +95,30 @@ def new_run_tags(restart: dict) -> dict:
     if restart["restarts"] and restart.get("resumed_from"):
         tags[RESUMED_TAG] = str(restart["resumed_from"])
     return tags
+
+
+def logged_steps(run) -> dict[str, int]:
+    """Each metric's highest step in ``run`` as the recorder opens it: none for a new run;
+    for a run an earlier attempt recorded (a scheduler's restart, or ``cluster.max_restarts``
+    starting the job's processes again in the launcher's run), the steps that attempt
+    reached.  The attempt resumed from a checkpoint before them trains those steps again,
+    and their points are not logged twice (:func:`unlogged`).  MLflow keeps a metric's
+    latest value at its highest step, so the run as opened says it in one request, with
+    no metric history read."""
+    return {
+        m.key: m.step
+        for m in run.data.to_proto().metrics
+        if m.key not in REPEATABLE and not m.key.startswith(REPEATABLE_PREFIX)
+    }
+
+
+def unlogged(logged: dict[str, int], metrics: dict, step: int | None) -> dict:
+    """``metrics`` at ``step`` but those an earlier attempt logged at that step or after
+    (``logged``: :func:`logged_steps`).  The first attempt's value stays: a sync job's
+    repeated step is the same computation from the same checkpoint (a restarted job reaches
+    the uninterrupted run's weights bit for bit), its timings were that step's own, and
+    MLflow cannot replace a logged point, only add another at the same step; an async
+    job's repeated steps can differ, and keep the first attempt's too."""
+    if step is None or not logged:
+        return metrics
+    return {k: v for k, v in metrics.items() if k not in logged or step > logged[k]}

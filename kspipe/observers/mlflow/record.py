@@ -20,6 +20,7 @@ import time
 from multiprocessing.connection import Connection
 
 from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
+from kspipe.observers.mlflow import earlier_runs
 from kspipe.observers.mlflow.earlier_runs import new_run_tags, reopen, source_run_id
 from kspipe.observers.mlflow.store import driver_error, is_server, probe_server, shown
 from kspipe.reporting import say
@@ -37,6 +38,7 @@ class Record:
         self.plot = None  # the learning curve's picture, once drawn ("" for none)
         self.run_id = None
         self.experiment = None
+        self.logged: dict[str, int] = {}  # each metric's highest step when the run opened
         self.owner = False
         self.ended = False
         self.curve: dict[str, list] = {}
@@ -62,7 +64,8 @@ class Record:
             run_id = self.create(experiment, **create)
             self.owner = True
         self.run_id = run_id
-        self.experiment = self.client.get_run(run_id).info.experiment_id
+        run = self.client.get_run(run_id)
+        self.experiment, self.logged = run.info.experiment_id, earlier_runs.logged_steps(run)
         return run_id, self.experiment
 
     def create(
@@ -212,8 +215,10 @@ class Record:
     def metrics(self, metrics: dict, step: int, when_ms: int) -> None:
         from mlflow.entities import Metric
 
-        batch = [Metric(k, v, when_ms, step) for k, v in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
+        new = earlier_runs.unlogged(self.logged, metrics, step)  # not an earlier attempt's
+        batch = [Metric(k, v, when_ms, step) for k, v in new.items()]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def artifact(self, path: str, artifact_path: str | None) -> None:
         if os.path.isdir(path):

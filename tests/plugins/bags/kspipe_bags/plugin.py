@@ -90,6 +90,7 @@ def kspipe_describe_workload(cfg):
         rate="samples_per_s",
         summary=("test_r2", "samples_per_s"),
         starts_from=True,
+        resumes=True,
     )
 
 
