@@ -118,7 +118,7 @@ def test_paddles_signal_handlers_are_off_from_its_next_module_on():
     each of Paddle's modules imports; afterwards kspipe's handle SIGTERM and SIGINT."""
     check = (
         "import importlib.abc, signal, sys\n"
-        "from kspipe import stopping\n"
+        "from kspipe.process import stopping\n"
         "def caught():\n"
         "    status = open('/proc/self/status').read()\n"
         "    mask = int(status.split('SigCgt:')[1].split()[0], 16)\n"
