@@ -215,10 +215,13 @@ def nothing_queued(env: dict, within_s: float = 30) -> bool:
     return True
 
 
-def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, place=None) -> Path:
-    """The tiny job run by ``salloc <salloc> kspipe ... cluster.launcher=slurm`` (``place``:
-    in a host of an emulated network): it succeeds, reaches the ``expected`` weights bit
-    for bit and records one FINISHED run; its run folder."""
+def allocated_job(
+    tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, place=None, overrides=()
+) -> Path:
+    """The tiny job, with ``overrides`` added, run by ``salloc <salloc> kspipe ...
+    cluster.launcher=slurm`` (``place``: in a host of an emulated network): it succeeds,
+    reaches the ``expected`` weights bit for bit and records one FINISHED run; its run
+    folder."""
     import sys
 
     import numpy as np
@@ -235,6 +238,7 @@ def allocated_job(tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, pl
         "-m",
         "kspipe.cli.command",
         *scheduled_overrides(tmp, tiny_data),
+        *overrides,
         "cluster.launcher=slurm",
         f"run_dir={run}",
     ]

@@ -10,14 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kspipe.testing import run_statuses
 from tests.kit import (
     SCHEDULED_COLLECTIVE,
     job_processes,
-    latest_weights,
     scheduled_overrides,
     slurm_missing,
     wait_until,
@@ -214,31 +212,7 @@ def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_
 def test_a_collective_job_in_a_slurm_allocation_trains_what_the_launcher_does(
     tmp_path, tiny_data, launched_collective, slurm
 ):
-    run = tmp_path / "run"
-    result = subprocess.run(
-        [
-            "salloc",
-            "-n",
-            "2",
-            "--quiet",
-            sys.executable,
-            "-m",
-            "kspipe.cli.command",
-            *scheduled_overrides(tmp_path, tiny_data),
-            *SCHEDULED_COLLECTIVE,
-            "cluster.launcher=slurm",
-            f"run_dir={run}",
-        ],
-        cwd=tmp_path,
-        env=dict(os.environ, **slurm),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    allocated_job(
+        tmp_path, tiny_data, slurm, launched_collective, "-n", "2", overrides=SCHEDULED_COLLECTIVE
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = latest_weights(run)
-    assert set(got) == set(launched_collective)
-    for name, value in launched_collective.items():
-        np.testing.assert_array_equal(got[name], value, err_msg=name)
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"]
     assert nothing_queued(slurm)
