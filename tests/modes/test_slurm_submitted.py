@@ -205,28 +205,30 @@ def test_outside_an_allocation_kspipe_submits_the_job_with_sbatch(
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED"], tail(run / f"slurm-{job}.out")
 
 
+def submitit_sweep(tmp_path, tiny_data) -> list:
+    """``kspipe -m hydra/launcher=submitit_slurm`` over the tiny job, ``workers=`` left to
+    the test (each job of the sweep a Slurm job of hydra-submitit-launcher's)."""
+    job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
+    command = [sys.executable, "-m", "kspipe.cli.command", "-m", "hydra/launcher=submitit_slurm"]
+    return [*command, "hydra.launcher.mem_gb=null", *job]
+
+
+def outside_any_allocation(slurm: dict) -> dict:
+    """The local Slurm's environment without this process's own ``SLURM_*`` variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return dict(env, **slurm)
+
+
 @needs_slurm
 def test_a_sweep_runs_each_job_as_a_slurm_job_with_submitit(tmp_path, tiny_data, launched, slurm):
     """``kspipe -m hydra/launcher=submitit_slurm``: each job of the sweep is a Slurm job
     (hydra-submitit-launcher's), the parent and child runs are a local sweep's, and the
     workers=2 job trains what kspipe's own launcher does, bit for bit."""
     sweep = tmp_path / "sweep"
-    job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kspipe.cli.command",
-            "-m",
-            "hydra/launcher=submitit_slurm",
-            "hydra.launcher.mem_gb=null",
-            *job,
-            "workers=1,2",
-            f"hydra.sweep.dir={sweep}",
-        ],
+        [*submitit_sweep(tmp_path, tiny_data), "workers=1,2", f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path,
-        env=dict(env, **slurm),
+        env=outside_any_allocation(slurm),
         capture_output=True,
         text=True,
         timeout=600,
@@ -251,17 +253,9 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
     (Slurm's SIGTERM stops each at a safe point, its run KILLED), not left running on the
     cluster, and the parent run ends KILLED."""
     sweep = tmp_path / "sweep"
-    job = [o for o in scheduled_overrides(tmp_path, tiny_data) if not o.startswith("workers=")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     command = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "kspipe.cli.command",
-            "-m",
-            "hydra/launcher=submitit_slurm",
-            "hydra.launcher.mem_gb=null",
-            *job,
+            *submitit_sweep(tmp_path, tiny_data),
             "workers=1",
             "train.meta_iters=100000",
             "train.checkpoint_every=2",
@@ -270,7 +264,7 @@ def test_a_submitit_sweep_stopped_by_ctrl_c_cancels_its_slurm_jobs(tmp_path, tin
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,
-        env=dict(env, **slurm),
+        env=outside_any_allocation(slurm),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
