@@ -189,6 +189,36 @@ def test_a_stranger_at_a_summers_listener_changes_nothing(summers):
     assert summers[0].wait(timeout=30) == 0  # the workers' links closed: the job's end
 
 
+def test_a_worker_slow_to_take_its_totals_holds_back_no_other(summers):
+    """Worker 1 of 3 sends its slice and takes none of its totals (its link busy with
+    other flows, on a cluster): workers 0 and 2 still get every total, though theirs and
+    worker 1's are far more than the links' buffers hold."""
+    size = 8_000_000  # 64 MB a worker's totals: many times a loopback link's buffers
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    address = listener.getsockname()
+    summers.append(summer.launch(listener, 3, size, "float64"))
+    links = []
+    for w in range(3):
+        link = socket.create_connection(address, timeout=60)
+        link.sendall(summer.greeting(w))
+        links.append(link)
+    arrays = [np.full(size, float(w + 1)) + np.arange(size) / 7 for w in range(3)]
+    sending = [
+        threading.Thread(target=links[w].sendall, args=(arrays[w].tobytes(),), daemon=True)
+        for w in range(3)
+    ]  # each on a thread: the summer reads the workers' slices a chunk at a time, in turn
+    for thread in sending:
+        thread.start()
+    expected = in_worker_order(arrays)
+    for w in (0, 2):
+        total = np.empty(size)
+        summing.receive_into(links[w], total)  # the links' timeout: 60 s
+        np.testing.assert_array_equal(total, expected)
+    for link in links:
+        link.close()
+    assert summers[0].wait(timeout=30) == 0
+
+
 @pytest.mark.parametrize("leaves", ["at once", "after its slices", "the server ends"])
 def test_a_worker_that_leaves_mid_round_fails_the_round_of_every_other(book, summers, leaves):
     """Worker 2 of 3 (one summer: half the array on the chain) leaves after joining, at

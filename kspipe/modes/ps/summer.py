@@ -13,7 +13,8 @@ and the job's secret (:mod:`kspipe.cluster.secret`) only.
 
 Every element is added in worker order, ``((v0 + v1) + v2) + ...``, in the array's dtype,
 as the chain adds: the total is the chain's bit for bit.  The slice moves a chunk at a
-time, so the totals of the first chunks go back while the later ones still come in.
+time, so the totals of the first chunks go back while the later ones still come in; each
+worker's link takes its totals as fast as it can, whatever the others' do.
 
 What a peer can make it do: a connection counts only once it names a worker index that
 no connection has named yet, with that worker's tag of the job's secret (any other is
@@ -26,8 +27,10 @@ already summed have gone out), so every other worker's round fails rather than w
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
+import select
 import socket
 import struct
 import subprocess
@@ -43,6 +46,8 @@ WHAT = "a shard summer"
 #: A chunk: its total goes back once every worker's chunk is in, so a round's first
 #: total waits for ``workers`` chunks on the server's link; small keeps that short.
 CHUNK_BYTES = 1 << 15
+#: How long the sender waits on full links before it takes the totals summed meanwhile.
+TAKE_EVERY_S = 0.005
 #: How long a connection may take to name itself.
 HELLO_TIMEOUT_S = 10.0
 #: Once one worker is in, how long the others may take to join.
@@ -152,14 +157,54 @@ def sum_rounds(links: list, length: int, dtype: str, chunk_bytes: int = CHUNK_BY
 
 
 def send_totals(links: list, outgoing: queue.Queue, failed: list) -> None:
+    """Each total chunk, as it is summed, to every worker.  A link takes what it can
+    without waiting: a worker whose own link is full (its chain, the other summers) does
+    not hold back the totals of the others, whose share of this host's link would go
+    unused (BENCHMARKS.md).  The thread waits only when no link has totals to go, or every
+    link that has is full."""
+    behind = [collections.deque() for _ in links]  # a link's totals not yet sent
+    ended = False
     try:
-        while (chunk := outgoing.get()) is not None:
-            view = memoryview(chunk).cast("B")
-            for link in links:
-                link.sendall(view)
-    except OSError as err:
+        while not ended or any(behind):
+            ended = take_summed(outgoing, behind, wait=not any(behind)) or ended
+            for link, waiting in zip(links, behind):
+                while waiting:
+                    try:
+                        sent = link.send(waiting[0], socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        break
+                    if sent < len(waiting[0]):
+                        waiting[0] = waiting[0][sent:]
+                    else:
+                        waiting.popleft()
+            full = [link for link, waiting in zip(links, behind) if waiting]
+            if full:  # a short wait: a total summed meanwhile is for the others too
+                wait_writable(full, TAKE_EVERY_S)
+    except (OSError, ValueError) as err:  # ValueError: a link closed under it (at the end)
         failed.append(err)
         end_links(links)  # wakes the summing thread, blocked on a link
+
+
+def take_summed(outgoing: queue.Queue, behind: list, wait: bool) -> bool:
+    """Queue every chunk summed so far for every link (waiting for one if ``wait``);
+    whether the summing has ended."""
+    try:
+        chunk = outgoing.get(block=wait)
+        while chunk is not None:
+            view = memoryview(chunk).cast("B")
+            for waiting in behind:
+                waiting.append(view)
+            chunk = outgoing.get_nowait()
+        return True
+    except queue.Empty:
+        return False
+
+
+def wait_writable(links: list, timeout_s: float) -> None:
+    poller = select.poll()
+    for link in links:
+        poller.register(link, select.POLLOUT)
+    poller.poll(timeout_s * 1000)
 
 
 def end_links(links: list) -> None:
