@@ -27,30 +27,22 @@ from pathlib import Path
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.kit
 
 
 def reptile_learner(folder: str, filters: int):
     import paddle
 
-    from kspipe.reptile.learner import ReptileLearner
     from kspipe.reptile.programs import build_programs
     from kspipe.testing import compose_config
+    from tests.kit.adaptation import cpu_learner
 
     paddle.enable_static()
     cfg = compose_config(
         [f"model.filters={filters}", "train.keep_checkpoints=1", f"run_dir={folder}/run"]
     )
     programs = build_programs((28, 28, 1), cfg.task.ways, cfg.model, 0.001, seed=0)
-    learner = ReptileLearner(
-        cfg,
-        None,
-        programs,
-        paddle.static.Executor(paddle.CPUPlace()),
-        paddle.static.Scope(),
-        reporter=None,
-    )
-    learner.initialize()
-    return learner
+    return cpu_learner(cfg, None, programs)
 
 
 def one_process(filters: int, repeats: int) -> dict:

@@ -127,7 +127,14 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=100.0)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
-    env = plugin_environment(Path(tempfile.mkdtemp(prefix="kspipe-scale-site-")))
+    site = Path(tempfile.mkdtemp(prefix="kspipe-scale-site-"))
+    try:
+        checks(args, plugin_environment(site))
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+
+
+def checks(args, env: dict) -> None:
     n, m = args.workers, args.servers
     digests = [
         whole_job("sync", n, m, args.weights, args.mbit, env, args.steps)["digest"]

@@ -26,7 +26,13 @@ from tests.kit.jobs import (
     latest_weights,
     scheduled_overrides,
 )
-from tests.kit.processes import job_processes, overloaded, stopped_when, wait_until
+from tests.kit.processes import (
+    environment_of,
+    job_processes,
+    overloaded,
+    stopped_when,
+    wait_until,
+)
 from tests.kit.setups import chromium_missing, missing_here, must_work_here
 from tests.kit.slurm import local_slurm, slurm_missing, stop_daemon
 
@@ -39,6 +45,7 @@ __all__ = [
     "CTR_MIN_AUC",
     "ctr_overrides",
     "latest_weights",
+    "environment_of",
     "job_processes",
     "stopped_when",
     "wait_until",

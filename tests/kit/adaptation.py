@@ -22,31 +22,35 @@ def a_test_task(run_dir: Path):
     return task, dataset, cfg
 
 
-def reference_adaptation(run_dir: Path, task, dataset, seed: int):
-    """kspipe's own adaptation of ``task`` from a Reptile run's final model, as its
-    evaluation of the run (``evaluate=<run>``) does it: the logits of the queries."""
-    import numpy as np
+def cpu_learner(cfg, dataset, programs=None, reporter=None, role=None):
+    """A Reptile learner of ``cfg`` on the CPU with a scope of its own, initialised; its
+    programs built by the reptile workload's own hooks unless ``programs`` are given."""
     import paddle
-    from omegaconf import OmegaConf
 
     from kspipe.modes.role import Role
     from kspipe.reptile import plugin as reptile
     from kspipe.reptile.learner import ReptileLearner
-    from kspipe.reptile.tasks import nchw
 
     paddle.enable_static()
-    cfg = OmegaConf.load(run_dir / "inference_model" / "kspipe_config.yaml")
-    programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
-    programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-    learner = ReptileLearner(
-        cfg,
-        dataset,
-        programs,
-        paddle.static.Executor(paddle.CPUPlace()),
-        paddle.static.Scope(),
-        None,
-    )
+    if programs is None:
+        programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
+        programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
+    executor, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+    learner = ReptileLearner(cfg, dataset, programs, executor, scope, reporter, role)
     learner.initialize()
+    return learner
+
+
+def reference_adaptation(run_dir: Path, task, dataset, seed: int):
+    """kspipe's own adaptation of ``task`` from a Reptile run's final model, as its
+    evaluation of the run (``evaluate=<run>``) does it: the logits of the queries."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from kspipe.reptile.tasks import nchw
+
+    cfg = OmegaConf.load(run_dir / "inference_model" / "kspipe_config.yaml")
+    learner = cpu_learner(cfg, dataset)
     learner.load_checkpoint(str(run_dir), "evaluate")
     learner.adapt(
         nchw(task.support_x),

@@ -11,6 +11,17 @@ import sys
 import time
 
 
+def environment_of(pid: int) -> dict:
+    """Process ``pid``'s environment ({} once it has gone)."""
+    try:
+        raw = open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return {}
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
+
+
 def job_processes(run_dir) -> list[int]:
     """The processes of the job whose run folder is ``run_dir`` that are still running
     (every role kspipe's launchers start runs ``kspipe.cli.worker <run_dir>``)."""
@@ -20,17 +31,23 @@ def job_processes(run_dir) -> list[int]:
     return [int(pid) for pid in out if int(pid) != os.getpid()]
 
 
-def stopped_when(process, ready, timeout: float, signum: int = signal.SIGINT) -> str:
+def stopped_when(
+    process, ready, timeout: float, signum: int = signal.SIGINT, within: float = 60.0
+) -> str:
     """Send ``process`` (a ``Popen`` with text pipes) the signal ``signum`` (by default a
     user's Ctrl-C) once ``ready()`` holds, and return its standard error once it has ended;
-    it fails if ``process`` ends first or ``ready()`` takes over ``timeout`` seconds."""
+    it fails if ``process`` ends first, ``ready()`` takes over ``timeout`` seconds, or
+    ``process`` takes over ``within`` seconds to end after the signal."""
     try:
         deadline = time.monotonic() + timeout
         while not ready():
             assert time.monotonic() < deadline and process.poll() is None, process.communicate()
             time.sleep(0.05)
         process.send_signal(signum)
-        return process.communicate(timeout=60)[1]
+        sent = time.monotonic()
+        stderr = process.communicate(timeout=max(60.0, within))[1]
+        assert time.monotonic() - sent < within, f"it ended {within} s or more after the signal"
+        return stderr
     finally:
         if process.poll() is None:
             process.kill()

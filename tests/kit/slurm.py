@@ -215,22 +215,14 @@ def nothing_queued(env: dict, within_s: float = 30) -> bool:
     return True
 
 
-def allocated_job(
-    tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, place=None, overrides=()
-) -> Path:
-    """The tiny job, with ``overrides`` added, run by ``salloc <salloc> kspipe ...
-    cluster.launcher=slurm`` (``place``: in a host of an emulated network): it succeeds,
-    reaches the ``expected`` weights bit for bit and records one FINISHED run; its run
-    folder."""
+def salloc_command(tmp: Path, tiny_data, run: Path, *salloc, overrides=()) -> list:
+    """``salloc <salloc> kspipe ...``: the tiny job, with ``overrides`` added, through
+    ``cluster.launcher=slurm``, its run folder ``run``."""
     import sys
 
-    import numpy as np
+    from tests.kit.jobs import scheduled_overrides
 
-    from kspipe.testing import run_statuses
-    from tests.kit.jobs import latest_weights, scheduled_overrides
-
-    run = tmp / "run"
-    command = [
+    return [
         "salloc",
         *salloc,
         "--quiet",
@@ -242,6 +234,22 @@ def allocated_job(
         "cluster.launcher=slurm",
         f"run_dir={run}",
     ]
+
+
+def allocated_job(
+    tmp: Path, tiny_data, slurm: dict, expected: dict, *salloc, place=None, overrides=()
+) -> Path:
+    """The tiny job, with ``overrides`` added, run by ``salloc <salloc> kspipe ...
+    cluster.launcher=slurm`` (``place``: in a host of an emulated network): it succeeds,
+    reaches the ``expected`` weights bit for bit and records one FINISHED run; its run
+    folder."""
+    import numpy as np
+
+    from kspipe.testing import run_statuses
+    from tests.kit.jobs import latest_weights
+
+    run = tmp / "run"
+    command = salloc_command(tmp, tiny_data, run, *salloc, overrides=overrides)
     result = slurm_command(slurm, *command, place=place, cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     got = latest_weights(run)

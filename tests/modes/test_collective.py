@@ -16,6 +16,7 @@ from kspipe.launchers.watcher import Cluster
 from kspipe.modes.role import Role
 from kspipe.pipeline import run
 from kspipe.testing import QuietReporter, compose_config, plugin_manager, tiny_overrides
+from tests.kit.adaptation import cpu_learner
 
 
 class Worker(Role):
@@ -71,28 +72,14 @@ def reference(cfg, iterations):
 
 def reference_alone(cfg, iterations):
     """Worker 0's iterations with no exchange at all."""
-    import paddle
-
     from kspipe.fewshot import plugin as open_ks
-    from kspipe.reptile import plugin as reptile
-    from kspipe.reptile.learner import ReptileLearner
 
     dataset = open_ks.kspipe_read_dataset(cfg=cfg, role=Role())
-    programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
-    programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-    learner = ReptileLearner(
-        cfg,
-        dataset,
-        programs,
-        paddle.static.Executor(paddle.CPUPlace()),
-        paddle.static.Scope(),
-        QuietReporter(),
-        Worker(0),
-    )
-    learner.initialize()
+    learner = cpu_learner(cfg, dataset, reporter=QuietReporter(), role=Worker(0))
     for iteration in range(0, iterations, 2):
         learner.meta_iteration(iteration, learner.train_tasks(iteration))
-    return dict(zip(programs.params, learner.values(programs.params)))
+    params = learner.p.params
+    return dict(zip(params, learner.values(params)))
 
 
 def test_collective_workers_end_with_the_one_process_reference(tmp_path, tiny_data):

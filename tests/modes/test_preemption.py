@@ -8,14 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kspipe.testing import begun_store, run_statuses, tiny_overrides
-from tests.kit import job_processes, overloaded, scheduled_overrides
+from tests.kit import job_processes, overloaded, scheduled_overrides, stopped_when
 
 #: How close the resumed run's weights come to the uninterrupted one's at the end: every mode
 #: repeats exactly (sync sums the workers' changes in a fixed order), so only float rounding
@@ -88,20 +87,9 @@ def test_sigterm_stops_the_run_and_resume_continues_it_exactly(tmp_path, tiny_da
 def check_sigterm_and_resume(tmp_path, common, iterations, every, expected):
     cut = tmp_path / "cut"
     job = kspipe(tmp_path, *common, f"run_dir={cut}")
-    try:
-        deadline = time.monotonic() + 120
-        while not list((cut / "checkpoints").glob(f"checkpoint-{every:07d}")):
-            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
-            time.sleep(0.05)
-        job.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        _, stderr = job.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if job.poll() is None:
-            job.kill()
+    written = cut / "checkpoints" / f"checkpoint-{every:07d}"
+    stderr = stopped_when(job, written.exists, 120, signal.SIGTERM, within=30)
     assert job.returncode == 128 + signal.SIGTERM, stderr
-    assert took < 30
     assert "FatalError" not in stderr and "Traceback" not in stderr, stderr
     assert "kspipe: error: stopped by SIGTERM" in stderr
     for log in (cut / "logs").glob("*.log"):

@@ -15,12 +15,13 @@ import pytest
 from kspipe.testing import run_statuses
 from tests.kit import (
     SCHEDULED_COLLECTIVE,
+    environment_of,
     job_processes,
     scheduled_overrides,
     slurm_missing,
     wait_until,
 )
-from tests.kit.slurm import allocated_job, nothing_queued
+from tests.kit.slurm import allocated_job, nothing_queued, salloc_command
 
 #: Slurm's tests run where a Slurm can be started here (installed, and root: the README
 #: installs it so); elsewhere they are skipped, saying why.
@@ -139,33 +140,11 @@ def command_of(pid: int) -> str:
         return ""
 
 
-def environment_of(pid: int) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(
-        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
-    )
-
-
 @needs_slurm
 def test_a_job_step_that_dies_ends_the_slurm_job_within_a_minute(tmp_path, tiny_data, slurm):
     run = tmp_path / "run"
     job = subprocess.Popen(
-        [
-            "salloc",
-            "-n",
-            "3",
-            "--quiet",
-            sys.executable,
-            "-m",
-            "kspipe.cli.command",
-            *scheduled_overrides(tmp_path, tiny_data),
-            "train.meta_iters=100000",
-            "cluster.launcher=slurm",
-            f"run_dir={run}",
-        ],
+        salloc_command(tmp_path, tiny_data, run, "-n", "3", overrides=["train.meta_iters=100000"]),
         cwd=tmp_path,
         env=dict(os.environ, **slurm),
         stdout=subprocess.PIPE,

@@ -9,12 +9,12 @@ from omegaconf import OmegaConf
 
 from kspipe import checkpoint
 from kspipe.testing import compose_config
+from tests.kit.adaptation import cpu_learner
 
 
 def small_learner(tmp_path):
     import paddle
 
-    from kspipe.reptile.learner import ReptileLearner
     from kspipe.reptile.programs import build_programs
 
     paddle.enable_static()
@@ -28,16 +28,7 @@ def small_learner(tmp_path):
         ]
     )
     programs = build_programs((28, 28, 1), 3, cfg.model, 0.01, seed=0)
-    learner = ReptileLearner(
-        cfg,
-        None,
-        programs,
-        paddle.static.Executor(paddle.CPUPlace()),
-        paddle.static.Scope(),
-        reporter=None,
-    )
-    learner.initialize()
-    return learner
+    return cpu_learner(cfg, None, programs)
 
 
 def test_a_checkpoint_folder_holds_the_resolved_config_of_its_run(tmp_path):

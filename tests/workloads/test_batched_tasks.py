@@ -5,36 +5,22 @@ import pytest
 
 from kspipe.fewshot.data import sample_task
 from kspipe.reptile import evaluation
-from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, meta_step_size
 from kspipe.reptile.tasks import CURVE_STREAM, EVAL_TEST_STREAM, nchw
 from kspipe.testing import QuietReporter
+from tests.kit.adaptation import cpu_learner
 
 
 @pytest.fixture
 def make_learner(tiny_cfg):
     """A learner over the plugin's programs for the tiny config with ``overrides``."""
-    import paddle
-
     from kspipe.fewshot import plugin as fewshot
     from kspipe.modes.role import Role
-    from kspipe.reptile import plugin as reptile
 
     def make(*overrides):
         cfg = tiny_cfg("train.meta_iters=10", "eval.inner_iters=3", *overrides)
         dataset = fewshot.kspipe_read_dataset(cfg=cfg, role=Role())
-        programs = reptile.kspipe_build_program(cfg=cfg, dataset=dataset, role=Role())
-        programs = reptile.kspipe_compile_program(cfg=cfg, role=Role(), programs=programs)
-        learner = ReptileLearner(
-            cfg,
-            dataset,
-            programs,
-            paddle.static.Executor(paddle.CPUPlace()),
-            paddle.static.Scope(),
-            QuietReporter(),
-        )
-        learner.initialize()
-        return learner
+        return cpu_learner(cfg, dataset, reporter=QuietReporter())
 
     return make
 

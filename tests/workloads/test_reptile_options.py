@@ -7,13 +7,12 @@ import pytest
 
 from kspipe.errors import ConfigError
 from kspipe.pipeline import run
-from kspipe.reptile.learner import ReptileLearner
 from kspipe.reptile.programs import THETA, build_programs, inner_batches, tail_split
 from kspipe.testing import QuietReporter, compose_config, plugin_manager, tiny_overrides
+from tests.kit.adaptation import cpu_learner
 
 
 def make_learner(*overrides, shape=(28, 28, 1), ways=3):
-    import paddle
 
     cfg = compose_config(["model.filters=8", f"task.ways={ways}", *overrides])
     programs = build_programs(
@@ -25,16 +24,7 @@ def make_learner(*overrides, shape=(28, 28, 1), ways=3):
         inner_optimizer=cfg.train.inner_optimizer,
         weight_decay=cfg.train.weight_decay,
     )
-    learner = ReptileLearner(
-        cfg,
-        None,
-        programs,
-        paddle.static.Executor(paddle.CPUPlace()),
-        paddle.static.Scope(),
-        QuietReporter(),
-    )
-    learner.initialize()
-    return learner
+    return cpu_learner(cfg, None, programs, QuietReporter())
 
 
 def values(learner, names):
