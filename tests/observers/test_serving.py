@@ -154,7 +154,9 @@ def test_a_request_with_wrong_columns_is_a_clear_400(ctr_run):
     assert "Traceback" not in json.dumps(answer)
 
 
-def test_the_model_has_a_signature_and_is_registered(ctr_run, monkeypatch):
+def test_the_model_has_a_signature_and_is_registered(ctr_run, monkeypatch, tmp_path):
+    import tempfile
+
     import mlflow
 
     _, store, _, run, _ = ctr_run
@@ -163,6 +165,7 @@ def test_the_model_has_a_signature_and_is_registered(ctr_run, monkeypatch):
     assert version.run_id == run.info.run_id
     assert client.get_model_version_by_alias("clicks", "champion").version == version.version
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # where runs:/ is looked up
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # MLflow leaves its copy there
     info = mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model")
     assert [c["name"] for c in info.signature.inputs.to_dict()] == ["dense", "user", "item", "tags"]
     assert [c["name"] for c in info.signature.outputs.to_dict()] == ["probability"]
