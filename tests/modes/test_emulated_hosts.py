@@ -196,6 +196,14 @@ def running(pid: int) -> bool:
         return False
 
 
+def stop_signals_as_a_shell_leaves_them() -> None:
+    """SIGINT and SIGTERM neither ignored nor blocked, as a user's shell starts a command
+    (the suite's own process may hold them otherwise: its child would inherit that)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 @pytest.mark.parametrize("ends", ["returns", "raises", "SIGTERM", "SIGINT", "SIGKILL"])
 def test_nothing_is_left_however_its_maker_ends(ends):
     maker = subprocess.Popen(
@@ -204,12 +212,18 @@ def test_nothing_is_left_however_its_maker_ends(ends):
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=stop_signals_as_a_shell_leaves_them,
     )
     name, *pids = maker.stdout.readline().split()
     assert name.startswith("kspipe-net-") and len(pids) == 2, maker.communicate()
     if ends.startswith("SIG"):
         maker.send_signal(getattr(signal, ends))
-    maker.wait(timeout=30)
+    try:
+        maker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{maker.pid}/status").read_text().splitlines()
+        maker.kill()
+        pytest.fail(f"the maker did not end: {[s for s in status if s.startswith('Sig')]}")
     if ends == "SIGKILL":  # nothing cleaned up: the next network made removes it all
         assert len(namespaces(name)) == 3 and all(running(int(pid)) for pid in pids)
         with Network(hosts=1):
