@@ -59,6 +59,16 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture(autouse=True)
+def refusals_logged_afresh(monkeypatch):
+    """Each test counts the refused connections its process logs from none, as a job's
+    process does (kspipe.cluster.secret logs the first 20): the suite's worker process runs
+    many tests, and a test's count must not depend on which ran before it."""
+    from kspipe.cluster import secret
+
+    monkeypatch.setattr(secret, "_refusals", 0)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """30 KanjiVG characters drawn by 6 drawers, Omniglot layout."""
