@@ -14,7 +14,8 @@ import time
 def environment_of(pid: int) -> dict:
     """Process ``pid``'s environment ({} once it has gone)."""
     try:
-        raw = open(f"/proc/{pid}/environ", "rb").read()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
     except OSError:
         return {}
     return dict(
