@@ -25,12 +25,18 @@ from contextlib import contextmanager, suppress
 
 import numpy as np
 
+from kspipe.checkpoint.folders import (  # noqa: F401 (kspipe.checkpoint.<name>)
+    UNFINISHED,
+    checkpoints,
+    discard_unfinished,
+    latest,
+    stale,
+)
 from kspipe.errors import ConfigError, StorageError, first_line, storage_error
 from kspipe.files import user_path
 from kspipe.process import heartbeat
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
-UNFINISHED = ".tmp"  # a checkpoint being written
 
 
 def save(
@@ -43,9 +49,14 @@ def save(
     cfg,
     tables=None,
     writer: Writer | None = None,
+    follows: str | None = None,
 ) -> str:
     """Write ``program``'s persistables in ``scope``, ``progress`` and the resolved ``cfg``;
     keep the newest ``keep``.  Returns the checkpoint's path.
+
+    ``follows``: the folder of the checkpoints this one is a part of (a worker's own state
+    beside the first worker's checkpoint): it keeps a part for as long as that folder may
+    resume from it (see :func:`stale`), not ``keep`` of its own.
 
     ``tables(path)``, if given, writes the tables kept outside ``scope`` (the parameter
     servers' shards, :meth:`kspipe.modes.role.Role.save_tables`) into ``<checkpoint>/tables``
@@ -81,7 +92,7 @@ def save(
                 f.write(config)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
-        for old in sorted(checkpoints(folder))[:-keep]:
+        for old in stale(folder, keep, follows):
             shutil.rmtree(old, ignore_errors=True)
 
     if writer is None:
@@ -348,35 +359,3 @@ def misfit(saved: dict, wanted: dict, others_allowed: bool) -> str:
     if others and not others_allowed:
         return f"the model has no {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}"
     return ""
-
-
-def checkpoints(folder: str) -> list[str]:
-    if not os.path.isdir(folder):
-        return []
-    return [
-        os.path.join(folder, n)
-        for n in os.listdir(folder)
-        if n.startswith("checkpoint-") and not n.endswith(UNFINISHED)
-    ]
-
-
-def discard_unfinished(run_dir: str) -> None:
-    """Remove the checkpoints that were being written anywhere in ``run_dir`` (a process
-    killed mid-write leaves one; the complete ones are untouched)."""
-    for folder, names, _ in os.walk(run_dir):
-        for name in [n for n in names if n.startswith("checkpoint-") and n.endswith(UNFINISHED)]:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-            names.remove(name)
-
-
-def latest(path: str, key: str = "resume") -> str:
-    """``path`` itself if it is a checkpoint, else its newest checkpoint (or its run's)."""
-    if os.path.isfile(os.path.join(path, "progress.json")):
-        return path
-    for folder in (path, os.path.join(path, "checkpoints")):
-        found = sorted(checkpoints(folder))
-        if found:
-            return found[-1]
-    if not os.path.exists(path):
-        raise ConfigError(f"{key}={path}: no such folder")
-    raise ConfigError(f"{key}={path}: no checkpoint found there")

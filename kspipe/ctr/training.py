@@ -51,8 +51,8 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     names = list(programs.fetch)
     first_epoch = 0
     if cfg.resume:
-        found = checkpoint.latest(user_path(cfg.resume))
-        progress = checkpoint.load(programs.main, scope, cfg.resume)
+        found = checkpoint.latest(user_path(cfg.resume))  # once: a newer one may come
+        progress = checkpoint.load(programs.main, scope, found)
         started = time.perf_counter()
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]

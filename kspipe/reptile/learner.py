@@ -41,6 +41,7 @@ class ReptileLearner(Adapter):
         self.reporter = reporter
         self.role = role if role is not None else Role()
         self.tasks_done = 0
+        self.resumed_from: str | None = None  # the checkpoint it loaded, by path
         in_training, self._in_evaluation = tasks_together(cfg)
         self.train_together = programs.batched.get(in_training)  # None: one task at a time
         self._train_sizes = train_lanes(cfg)  # [] when the meta-batch adapts in one thread
@@ -246,8 +247,9 @@ class ReptileLearner(Adapter):
         index = self.role.worker_index()
         self.role.settle_tables()  # the job's parameters, as the servers hold them
         self.run(self.p.save_theta)
+        follows = None
         if index:
-            folder = os.path.join(folder, f"worker-{index}")
+            folder, follows = os.path.join(folder, f"worker-{index}"), folder
 
         def save(writer=None):
             return checkpoint.save(
@@ -259,6 +261,7 @@ class ReptileLearner(Adapter):
                 self.cfg.train.keep_checkpoints,
                 cfg=self.cfg,
                 writer=writer,
+                follows=follows,
             )
 
         path = save() if index else None
@@ -272,10 +275,11 @@ class ReptileLearner(Adapter):
 
         A worker other than the first then loads its own state saved beside it, if any.
         """
-        progress = checkpoint.load(self.p.train, self.scope, path, key)
+        found = checkpoint.latest(user_path(path), key)  # once: a newer one may come
+        progress = checkpoint.load(self.p.train, self.scope, found, key)
+        self.resumed_from = found
         index = self.role.worker_index()
         if index:
-            found = checkpoint.latest(user_path(path), key)
             own = os.path.join(os.path.dirname(found), f"worker-{index}", os.path.basename(found))
             if os.path.isdir(own):
                 progress = checkpoint.load(self.p.train, self.scope, own)

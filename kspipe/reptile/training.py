@@ -72,7 +72,7 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
         trained, done = meta_train(learner, start_iter, ckpt_dir)
         role.finish_training(learner.scope)
         learner.run(learner.p.save_theta)
-        if not resumed_at(cfg, ckpt_dir, done):
+        if not resumed_at(learner.resumed_from, ckpt_dir, done):
             learner.save_checkpoint(ckpt_dir, done)
         seconds = time.perf_counter() - started
 
@@ -99,15 +99,15 @@ def train_and_evaluate(learner: ReptileLearner) -> dict:
     return metrics
 
 
-def resumed_at(cfg, ckpt_dir: str, done: int) -> bool:
+def resumed_at(resumed_from: str | None, ckpt_dir: str, done: int) -> bool:
     """Whether the run resumed from its own checkpoint of ``done`` meta-iterations: a job
     requeued after its training ended has nothing left to train, and keeps that checkpoint
-    as it was rather than writing it again."""
-    if not cfg.resume:
+    as it was rather than writing it again.  ``resumed_from``: the checkpoint it loaded at
+    its start, by path (it may be pruned since: nothing here reads it again)."""
+    if not resumed_from:
         return False
     own = os.path.join(ckpt_dir, f"checkpoint-{done:07d}")
-    resumed = checkpoint.latest(user_path(cfg.resume))
-    return os.path.abspath(resumed) == os.path.abspath(own)
+    return os.path.abspath(resumed_from) == os.path.abspath(own)
 
 
 def evaluation_sizes(cfg) -> str:
