@@ -58,12 +58,13 @@ def launched_collective(tmp_path_factory, tiny_data):
 
 
 #: The scheduled job made long enough to stop midway: 40 meta-iterations, a checkpoint every
-#: 4 (all kept), no evaluation before the last.
-LONG_ITERATIONS, LONG_EVERY = 40, 4
+#: 4 (the newest 2 kept: a job stopped and resumed midway prunes the checkpoint it resumed
+#: from long before its end), no evaluation before the last.
+LONG_ITERATIONS, LONG_EVERY, LONG_KEEP = 40, 4, 2
 LONG = [
     f"train.meta_iters={LONG_ITERATIONS}",
     f"train.checkpoint_every={LONG_EVERY}",
-    f"train.keep_checkpoints={LONG_ITERATIONS // LONG_EVERY}",
+    f"train.keep_checkpoints={LONG_KEEP}",
     "eval.interval=0",
     "eval.baseline=false",
 ]
@@ -80,6 +81,7 @@ def launched_long(tmp_path_factory, tiny_data):
         overrides=list(LONG),
         iterations=LONG_ITERATIONS,
         every=LONG_EVERY,
+        keep=LONG_KEEP,
         weights=latest_weights(run),
     )
 

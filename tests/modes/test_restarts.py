@@ -113,6 +113,11 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(
     listed = (run_dir / "restarts.txt").read_text().splitlines()
     assert listed == [f"1\tsignal\t{role} {index} was killed by SIGKILL\t{start}"]
     assert (run_dir / "logs" / "attempt-1" / f"{role}.{index}.log").is_file()
+    # the checkpoint it restarted from was pruned as the run went on: nothing read it again
+    assert not (run_dir / "checkpoints" / start).exists()
+    kept = sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint-*"))
+    assert len(kept) == launched_long.keep, kept
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "worker-1").iterdir()) == kept
     got = latest_weights(run_dir)
     assert set(got) == set(launched_long.weights)
     for name, value in launched_long.weights.items():

@@ -74,3 +74,36 @@ def test_a_launcher_discards_the_checkpoints_its_killed_processes_were_writing(t
     checkpoint.discard_unfinished(str(tmp_path))
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["checkpoints/checkpoint-0000004/state.pdparams", "logs/worker.0.log"]
+
+
+def test_every_keep_value_leaves_a_whole_checkpoint_to_resume_from(tmp_path):
+    """keep_checkpoints=1: a worker's own part of checkpoint n is written before the first
+    worker's checkpoint n, whose files are still on their way on its thread; the worker's
+    part of checkpoint n-1 stays until checkpoint n is complete, so a kill in between
+    resumes n-1 with every worker's own state."""
+    learner = small_learner(tmp_path)
+    folder = tmp_path / "run" / "checkpoints"
+    part = folder / "worker-1"
+
+    def save(where, step, follows=None):
+        return checkpoint.save(
+            learner.p.train,
+            learner.scope,
+            str(where),
+            step,
+            {"step": step},
+            1,
+            learner.cfg,
+            follows=follows,
+        )
+
+    save(part, 1, follows=str(folder))
+    save(folder, 1)
+    save(part, 2, follows=str(folder))  # checkpoint 2 itself is not complete yet
+    assert sorted(os.listdir(part)) == ["checkpoint-0000001", "checkpoint-0000002"]
+    assert checkpoint.latest(str(folder)).endswith("checkpoint-0000001")
+    save(folder, 2)  # complete: checkpoint 1 goes, with every worker's part of it
+    assert sorted(os.listdir(folder)) == ["checkpoint-0000002", "worker-1"]
+    assert os.listdir(part) == ["checkpoint-0000002"]
+    save(part, 3, follows=str(folder))
+    assert sorted(os.listdir(part)) == ["checkpoint-0000002", "checkpoint-0000003"]
