@@ -32,6 +32,10 @@ from kspipe.cluster import environment
 
 RESOLVER = "kspipe_run_dir"
 
+#: The resolver of ``hydra.searchpath`` in kspipe's config: the installed plugins' config
+#: folders (``kspipe_config_dirs``), which the command sets before Hydra composes.
+CONFIG_DIRS_RESOLVER = "kspipe_config_dirs"
+
 #: Set in every pod of the ``PaddleJob`` manifest kspipe writes
 #: (:mod:`kspipe.launchers.kubernetes`): a token drawn once per manifest, which tells a pod
 #: that Kubernetes restarted from a pod of a new job given the same name.
@@ -145,13 +149,25 @@ def attempt(cfg, env=os.environ) -> Attempt | None:
     return None
 
 
-def register_resolver(make: bool = True) -> None:
+_config_dirs: list[str] = []  # what ${kspipe_config_dirs:} gives: the command's plugins'
+
+
+def register_resolver(make: bool = True, config_dirs: list[str] | None = None) -> None:
     """Make ``${kspipe_run_dir:<run_dir>,<cluster.job_id>,<cluster.launcher>,<mode>,
     <the command's overrides>}`` known to OmegaConf: :func:`run_folder`, which makes the
     new folder it names unless ``make`` is False.  Registering again replaces it: the
-    ``kspipe`` command registers it last, saying whether its job may run."""
+    ``kspipe`` command registers it last, saying whether its job may run.
+
+    And ``${kspipe_config_dirs:}``, the search path (``hydra.searchpath``) of kspipe's
+    config: ``config_dirs``, the folders installed plugins add, where the command gives
+    them (it stays as it was where not).  In the config, not on Hydra's command line, so
+    that Hydra reads its flags anywhere on the line and shows the user's overrides alone.
+    """
     from omegaconf import OmegaConf
 
     resolver = run_folder if make else functools.partial(run_folder, make=False)
     # cached: one folder for a config, however often it is read
     OmegaConf.register_new_resolver(RESOLVER, resolver, use_cache=True, replace=True)
+    if config_dirs is not None:
+        _config_dirs[:] = config_dirs
+    OmegaConf.register_new_resolver(CONFIG_DIRS_RESOLVER, lambda: list(_config_dirs), replace=True)

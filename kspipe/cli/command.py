@@ -17,8 +17,12 @@ import sys
 from kspipe.cli.arguments import (
     asks_for_help,
     asks_for_search,
+    check_flags,
+    check_search,
+    hydra_command_line,
     read_overrides,
-    search_defaults,
+    register_search_defaults,
+    runs_a_job,
     swept,
 )
 from kspipe.cli.checks import check_config, check_experiments, check_run_folder, help_text
@@ -33,22 +37,6 @@ SUBCOMMANDS = ("plugins", "datafeed")
 
 #: The variable that has Hydra let an error through rather than print it (:func:`run_hydra`)
 FULL_ERROR = "HYDRA_FULL_ERROR"
-
-#: Hydra's flags that print something and run no job (no Paddle needed: importing it takes
-#: most of a second).
-ANSWERS = {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--version",
-    "--info",
-    "-i",
-    "--cfg",
-    "-c",
-    "--resolve",
-    "--shell-completion",
-    "-sc",
-}
 
 
 def main() -> None:
@@ -121,7 +109,7 @@ def checked_jobs(args: list[str]):
 
         sys.exit(datafeed_main(args[1:]))
     stopping.end_quickly()
-    runs = not ANSWERS.intersection(args)  # a job may run
+    runs = runs_a_job(args)
     if runs:
         stopping.handle_stop_signals()
         start_recorder(args)
@@ -129,9 +117,10 @@ def checked_jobs(args: list[str]):
         pm = get_plugin_manager()
         extra_dirs = [d for dirs in pm.hook.kspipe_config_dirs() for d in dirs]
         schemas = plugin_schemas(pm)
+        check_flags(args)
         check_experiments(args, extra_dirs)
         cfg = check_config(args, extra_dirs, schemas)
-        defaults = search_defaults(args)
+        check_search(args)
         if asks_for_help(args):
             text = help_text(args, extra_dirs, schemas, implementers(pm, "role"))
             if text is not None:
@@ -144,10 +133,12 @@ def checked_jobs(args: list[str]):
     if runs:
         record_early(cfg)
         stopping.install()  # Paddle's import, and its signal handlers go
-    hydra_args = [*args, f"hydra.searchpath=[{','.join(extra_dirs)}]"] if extra_dirs else args
-    hydra_args = [*hydra_args, *defaults]
+    hydra_args = hydra_command_line(args)  # Hydra reads the flags anywhere on the line
     register_schemas(schemas)  # Hydra composes with them
-    register_resolver(make=runs)  # a command that only prints its config makes no folder
+    if asks_for_search(args):
+        register_search_defaults()
+    # the plugins' config folders: the search path of kspipe's config (hydra.searchpath)
+    register_resolver(make=runs, config_dirs=extra_dirs)
     return Jobs(pm, swept(hydra_args)).run, hydra_args
 
 

@@ -215,19 +215,14 @@ def test_past_max_failure_rate_the_search_ends_in_one_line(tmp_path, tiny_data):
 
 @pytest.mark.parametrize("rate", ["1.5", "-0.1", "many"])
 def test_a_max_failure_rate_out_of_0_to_1_is_one_line(rate):
-    from kspipe.cli.arguments import search_defaults
+    from kspipe.cli.arguments import check_search
     from kspipe.errors import ConfigError
 
     search = ["-m", "hydra/sweeper=optuna", "train.inner_lr=interval(0.0001,0.01)"]
-    assert search_defaults(search) == [
-        "hydra.sweeper.direction=maximize",
-        "hydra.sweeper.max_failure_rate=1.0",
-    ]
-    assert search_defaults([*search, "hydra.sweeper.max_failure_rate=0.5"]) == [
-        "hydra.sweeper.direction=maximize"
-    ]
+    check_search(search)
+    check_search([*search, "hydra.sweeper.max_failure_rate=0.5"])
     with pytest.raises(ConfigError) as refused:
-        search_defaults([*search, f"hydra.sweeper.max_failure_rate={rate}"])
+        check_search([*search, f"hydra.sweeper.max_failure_rate={rate}"])
     assert str(refused.value) == (
         f"hydra.sweeper.max_failure_rate={rate}: the share of a batch of trials that may fail "
         f"is a number from 0 to 1"
