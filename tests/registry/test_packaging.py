@@ -1,13 +1,16 @@
 """A non-editable install carries the Hydra configs: the wheel works from another folder.  It
 carries the public test kit (``kspipe.testing``), which imports without the checkout and
-changes nothing in the process, and none of the suite's own pieces (``tests.kit``)."""
+changes nothing in the process, and none of the suite's own pieces (``tests.kit``).  The
+example plugins install into the suite's environment without changing any package in it."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,40 @@ def test_wheel_has_the_public_test_kit_and_none_of_the_suites_pieces(wheel, tmp_
     # in an environment of PATH alone, where a variable set by default would show
     result = from_wheel(KIT_FROM_WHEEL, unpacked, tmp_path, env={"PATH": os.environ["PATH"]})
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+#: The example plugin packages the README has a user install into their own environment.
+EXAMPLE_PLUGINS = sorted((REPO / "plugins").glob("kspipe-*"))
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.parametrize("plugin", EXAMPLE_PLUGINS, ids=lambda p: p.name)
+def test_an_example_plugin_installs_into_the_suites_environment_changing_nothing(plugin, tmp_path):
+    """``pip install plugins/<name>`` as the README says, into the environment the suite
+    runs in, installs the plugin alone: no package of the user's is added, upgraded or
+    downgraded (a pin such as ``numpy<2`` took numpy 2 down to 1.26 and pandas with it).
+    pip's dry run resolves exactly as the install would and says what it would install,
+    and leaves the environment as it was for the other tests.  From a copy: pip writes the
+    package's metadata beside its sources."""
+    source = tmp_path / plugin.name
+    shutil.copytree(plugin, source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--report", str(report)]
+        + [str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    installed = {canonical(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    changes = [
+        f"{name} {installed.get(name, '(not installed)')} -> {item['metadata']['version']}"
+        for item in json.loads(report.read_text())["install"]
+        if (name := canonical(item["metadata"]["name"])) != canonical(plugin.name)
+    ]
+    assert not changes, f"installing {plugin.name} would change the environment: {changes}"

@@ -21,10 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kspipe import hookimpl
-from kspipe.cluster.endpoints import process_count
-from kspipe.contracts import TrainingData, Workload
-from kspipe.errors import ConfigError, check_integer, check_number
+from kspipe.api import (
+    ConfigError,
+    TrainingData,
+    Workload,
+    check_integer,
+    check_number,
+    hookimpl,
+    process_count,
+)
 
 NAME = "classifier"
 
@@ -238,7 +243,9 @@ def accuracy(executor, scope, programs, x, y) -> float:
 
 @hookimpl
 def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
-    from kspipe.inference import export
+    from kspipe.api import export_inference_model
 
     infer = programs.test._prune([programs.logits])
-    return export(cfg, dirname, infer, [programs.x], [programs.logits], executor, scope)
+    return export_inference_model(
+        cfg, dirname, infer, [programs.x], [programs.logits], executor, scope
+    )

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kspipe.errors import ConfigError
-from kspipe.testing import assert_one_line_error, compose_config, plugin_env, run_kspipe
+from kspipe.api import ConfigError, assert_one_line_error, compose_config, plugin_env, run_kspipe
 
 PLUGIN = Path(__file__).resolve().parents[1]
 
@@ -194,7 +193,7 @@ def test_the_data_set_names_itself_with_the_digest_of_its_arrays():
     from kspipe_classifier.plugin import ClassifierConfig, kspipe_read_dataset
     from omegaconf import OmegaConf
 
-    from kspipe.role import Role
+    from kspipe.api import Role
 
     def read(seed):
         config = ClassifierConfig(train_points=64, test_points=16, seed=seed)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from kspipe import hookimpl
-from kspipe.errors import ConfigError
-from kspipe.fewshot.data import FewShotDataset
+from kspipe.api import ConfigError, FewShotDataset, hookimpl
 
 DEFAULTS = {"classes": 300, "drawings": 12, "size": 28, "seed": 0}
 

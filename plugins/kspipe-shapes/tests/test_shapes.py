@@ -4,9 +4,7 @@ import numpy as np
 import pytest
 from kspipe_shapes import plugin
 
-from kspipe.errors import ConfigError
-from kspipe.pipeline import run
-from kspipe.testing import HookRecorder, compose_config, plugin_manager
+from kspipe.api import ConfigError, HookRecorder, compose_config, plugin_manager, run_pipeline
 
 CONFIG_DIRS = ["pkg://kspipe_shapes.conf"]
 
@@ -52,11 +50,11 @@ def test_a_pipeline_runs_through_the_plugin(tmp_path):
         "shapes.classes=30",
     )
     assert cfg.stages.dataset == "shapes"
-    metrics = run(cfg, plugin_manager(("shapes", plugin), recorder))
+    metrics = run_pipeline(cfg, plugin_manager(("shapes", plugin), recorder))
     assert metrics["test_accuracy"] > 0.2 + 0.07, metrics
     assert "kspipe_run_end" in recorder.names()
 
 
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="shapes.classes=1"):
-        run(shapes_cfg(tmp_path, "shapes.classes=1"), plugin_manager(("shapes", plugin)))
+        run_pipeline(shapes_cfg(tmp_path, "shapes.classes=1"), plugin_manager(("shapes", plugin)))
