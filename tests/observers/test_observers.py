@@ -251,8 +251,90 @@ def test_a_progress_line_gives_the_time_left_and_a_short_tasks_tenths_of_seconds
     assert line.format("evaluate", 3, 3, {"accuracy": 0.5}, 0.43) == (
         "evaluate 3/3 | accuracy 0.500 | took 0.4s"
     )
-    assert line.format("meta-train", 1, 4, {"loss": 2.0}, 9.0) == (
+    assert line.format("meta-train", 1, 4, {"loss": 2.0}, 9.0, left=27.0) == (
         "meta-train 1/4 | loss 2.000 | left 27s"
     )
+    assert line.format("meta-train", 1, 4, {}, 9.0) == "meta-train 1/4"  # no pace yet
     assert line.format("meta-train", 4, 4, {}, 185.2) == "meta-train 4/4 | took 3m05s"
     assert line.format("meta-train", 4, 4, {}, 3725.0) == "meta-train 4/4 | took 1h02m"
+
+
+class Clock:
+    """A clock the test moves on."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shown(stream) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+def test_took_is_a_phases_wall_time_and_left_holds_across_its_evaluations():
+    """Meta-training of 20 steps of 1 s, each 5th followed by a learning-curve point of
+    5 s (two evaluations): the last line took the 35 s of the whole phase, and after each
+    point the time left is the steps to go at the pace kept so far, evaluations included
+    (never 0.0s, as when each point restarted the phase's clock)."""
+    clock, stream = Clock(), io.StringIO()
+    line = ProgressLine(stream=stream, clock=clock)
+    line.every = 0.0  # every line shown
+    line.kspipe_before_stage("execute", None)
+    for step in range(1, 21):
+        clock.now += 1.0
+        line.update("meta-train", step, 20, {})
+        if step % 5 == 0 and step < 20:
+            for task in ("curve (train)", "curve (test)"):
+                clock.now += 2.5
+                line.update(task, 2, 2, {})
+    lines = shown(stream)
+    assert lines[-1] == "meta-train 20/20 | took 35s" and clock.now - 100.0 == 35.0
+    assert "curve (train) 2/2 | took 2.5s" in lines
+    after_points = [lines[i + 1] for i, text in enumerate(lines) if text.startswith("curve (test)")]
+    # 2 s a step since the first seen (a point's 5 s spread over its 5 steps), and so on;
+    # the first step seen has no pace yet
+    assert after_points == [
+        "meta-train 6/20 | left 28s",
+        "meta-train 11/20 | left 18s",
+        "meta-train 16/20 | left 8.0s",
+    ]
+    assert lines[0] == "meta-train 1/20"
+
+
+def test_a_task_seen_first_at_its_end_took_the_time_since_the_last_thing_heard():
+    """``evaluate 5/5`` reported once, 2 s after the training's last step; ctr's train
+    reported once at its end, 7 s after its stage began: each took that, not 0.0s."""
+    clock, stream = Clock(), io.StringIO()
+    line = ProgressLine(stream=stream, clock=clock)
+    line.update("meta-train", 4, 4, {})
+    clock.now += 2.0
+    line.update("evaluate", 5, 5, {"accuracy": 0.5})
+    line.kspipe_before_stage("execute", None)
+    clock.now += 7.0
+    line.update("train", 40000, 40000, {})
+    assert shown(stream)[-2:] == [
+        "evaluate 5/5 | accuracy 0.500 | took 2.0s",
+        "train 40000/40000 | took 7.0s",
+    ]
+
+
+def test_a_progress_line_on_a_real_clock(monkeypatch):
+    """Real sleeps: a phase of three 0.2 s steps interrupted by a 0.3 s evaluation took
+    0.9 s, give or take the machine's scheduling."""
+    import re
+    import time
+
+    stream = io.StringIO()
+    line = ProgressLine(stream=stream)
+    line.every = 0.0
+    line.kspipe_before_stage("execute", None)
+    for step in (1, 2, 3):
+        time.sleep(0.2)
+        line.update("meta-train", step, 3, {})
+        if step == 1:
+            time.sleep(0.3)
+            line.update("evaluate", 1, 1, {})
+    took = re.fullmatch(r"meta-train 3/3 \| took (\d\.\d)s", shown(stream)[-1])
+    assert took and 0.9 <= float(took.group(1)) <= 1.3, shown(stream)
