@@ -22,6 +22,10 @@ class LauncherConfig:
     # a job across hosts: the first host's launcher listens here (default: worker 0's port + 2)
     control_port: Optional[int] = None
     hosts_timeout_s: float = 300.0  # ... and fails if another host's launcher has not come
+    # a job across hosts: a host's launcher not heard from for this long (a lost machine, a
+    # cut link: no FIN, no RST) fails the job there, a failure a restart may mend.  The
+    # launchers say "alive" every quarter of it (a line of 6 bytes; kspipe/launchers/hosts.py)
+    peer_timeout: float = 15.0
     # a process that makes no progress (no step, no exchange, no phase begun or ended) for
     # this long counts as failed and the job is stopped (kspipe/launchers/stalls.py); null:
     # never.  Longer than any phase of a healthy job without a step.

@@ -4,10 +4,10 @@ everywhere.
 Each host runs the same ``kspipe`` command with its own ``cluster.host``.  The first host,
 the one with worker 0 (which records the run), listens on the control endpoint: worker
 0's host at ``cluster.control_port`` (default: worker 0's port + 2).  Every other host's
-launcher connects to it before starting its processes and names its host with a tag of
-the job's secret (:mod:`kspipe.cluster.secret`); a connection whose first line is not that
-greeting, within :data:`HELLO_TIMEOUT_S` and :data:`HELLO_CHARS`, is closed (one line in
-the log) and changes nothing.  Then:
+launcher connects to it before starting its processes and answers its challenge as its
+host with the job's secret, and the first host proves the same back
+(:mod:`kspipe.cluster.greetings`); a connection that does not, within
+:data:`HELLO_TIMEOUT_S`, is closed (one line in the log) and changes nothing.  Then:
 
 * a launcher whose processes fail (or that is stopped by SIGTERM or Ctrl-C) sends
   ``failed <why>`` and stops its processes; the other launchers stop theirs and fail;
@@ -26,6 +26,15 @@ and starts its part again from that checkpoint, connecting anew to the first hos
 listens again on the same endpoint.
 
 The first host fails the job if a host has not connected within ``cluster.hosts_timeout_s``.
+
+A machine that loses power or is cut off sends nothing, not even a FIN: every launcher says
+``alive`` on each of its connections every quarter of ``cluster.peer_timeout``, and one
+not heard from for that long is lost (a failure a restart may mend, like a host's
+launcher killed).  The first host is the one the others follow: its loss ends the job on
+every other host within ``cluster.peer_timeout``, in one line.  kspipe does not restart a
+job without it (it holds the run's record and decides the restarts); a scheduler's
+requeue (Slurm's ``--requeue``) or ``resume=`` starts the job again from its latest
+checkpoint.
 """
 
 from __future__ import annotations
@@ -35,13 +44,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings
 from kspipe.errors import ClusterError, ConfigError
 
 CONNECT_RETRY_S = 0.5
-#: How long a connection to the control endpoint has to greet, and its greeting's bound.
+#: How long a connection to the control endpoint has to greet.
 HELLO_TIMEOUT_S = 10.0
-HELLO_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,11 @@ def job_hosts(kind: str, cfg) -> JobHosts | None:
 class HostLink:
     """This launcher's end of the job's control connections (see the module's doc)."""
 
-    def __init__(self, hosts: JobHosts, timeout_s: float = 300.0):
+    def __init__(self, hosts: JobHosts, timeout_s: float = 300.0, peer_timeout: float = 15.0):
         self.hosts = hosts
         self.timeout_s = timeout_s
+        self.peer_timeout = peer_timeout
+        self._heard: dict[str, float] = {}  # when each connected host last said anything
         self._failure: str | None = None
         self._peers: dict[str, socket.socket] = {}
         self._done: set = set()
@@ -111,6 +121,7 @@ class HostLink:
     def open(self, say) -> None:
         """The first host listens; the others connect (retrying until the timeout)."""
         self._opened = time.monotonic()
+        threading.Thread(target=self._beat, daemon=True, name="kspipe-alive").start()
         if self.hosts.is_first:
             self._listen()
             say(
@@ -137,41 +148,34 @@ class HostLink:
             ) from err
         listener.listen()
         self._listener = listener
-        threading.Thread(target=self._accept, daemon=True).start()
+        what = f"the control endpoint {self._endpoint()}"
+        door = greetings.Door(listener, "hosts", self.hosts.others, what, 16, HELLO_TIMEOUT_S)
+        threading.Thread(target=self._accept, args=(door,), daemon=True).start()
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(HELLO_TIMEOUT_S)
-        lines = conn.makefile("r", encoding="utf-8", errors="replace")
+    def _accept(self, door: greetings.Door) -> None:
         try:
-            hello = lines.readline(HELLO_CHARS).split()
-        except (OSError, ValueError):
-            hello = []
-        host = hello[1] if len(hello) == 3 and hello[0] == "hello" else None
-        if host not in self.hosts.others or not secret.matches(
-            hello[2].encode(), greeting(host).encode()
-        ):
-            peer = _peer(conn)
-            conn.close()  # not one of the job's launchers
-            secret.refused(f"the control endpoint {self._endpoint()}", peer, "no job greeting")
+            while not self._closing:
+                host, conn = door.next()  # OSError once the listener is closed
+                threading.Thread(target=self._serve, args=(host, conn), daemon=True).start()
+        except OSError:
             return
-        conn.settimeout(None)
+        finally:
+            door.close()
+
+    def _serve(self, host: str, conn: socket.socket) -> None:
+        lines = conn.makefile("r", encoding="utf-8", errors="replace")
         with self._lock:
             self._peers[host] = conn
+            self._heard[host] = time.monotonic()
         self._read(host, lines)
 
     def _connect(self) -> None:
         deadline = self._opened + self.timeout_s
         while True:
             try:
-                conn = socket.create_connection(self.hosts.control, timeout=5)
+                conn = greetings.connect(
+                    self.hosts.control, "hosts", self.hosts.here, "the first host's launcher", 5
+                )
                 break
             except OSError as err:
                 if time.monotonic() > deadline:
@@ -181,17 +185,17 @@ class HostLink:
                         f"{self.timeout_s:g} s ({err.strerror or err})"
                     ) from err
                 time.sleep(CONNECT_RETRY_S)
-        conn.settimeout(None)
-        conn.sendall(f"hello {self.hosts.here} {greeting(self.hosts.here)}\n".encode())
         first = self.hosts.first
         with self._lock:
             self._peers[first] = conn
+            self._heard[first] = time.monotonic()
         lines = conn.makefile("r", encoding="utf-8", errors="replace")
         threading.Thread(target=self._read, args=(first, lines), daemon=True).start()
 
     def _read(self, host: str, lines) -> None:
         try:
             for line in lines:
+                self._heard[host] = time.monotonic()
                 word, _, why = line.strip().partition(" ")
                 if word == "done":
                     with self._lock:
@@ -218,6 +222,30 @@ class HostLink:
                 Relayed(f"the launcher on {host} went away (killed, or its machine was lost)")
             )
 
+    def _beat(self) -> None:
+        """Say ``alive`` on every connection every quarter of the peer timeout."""
+        while not self._closing:
+            time.sleep(self.peer_timeout / 4)
+            if not self._closing:
+                self._send("alive\n")
+
+    def _check_heard(self) -> None:
+        """Fail the job where a connected host has said nothing for the peer timeout."""
+        now = time.monotonic()
+        with self._lock:
+            silent = sorted(
+                h for h in self._peers if now - self._heard.get(h, now) > self.peer_timeout
+            )
+        if silent and not self._closing:
+            self._fail(
+                Relayed(
+                    f"the launcher on {silent[0]} was not heard from for "
+                    f"cluster.peer_timeout={self.peer_timeout:g} s (its machine was lost or "
+                    f"cut off)"
+                )
+            )
+            self._answered.set()  # no answer will come from it
+
     def _fail(self, message: str) -> None:
         with self._lock:
             if self._failure is None:
@@ -227,6 +255,7 @@ class HostLink:
 
     def failure(self) -> str | None:
         """Why the job failed elsewhere, if it did; Cluster.wait polls it."""
+        self._check_heard()
         if (
             self._failure is None
             and self.hosts.is_first
@@ -254,6 +283,7 @@ class HostLink:
             with self._lock:
                 if self.hosts.first in self._done:
                     return None
+            self._check_heard()
             if self._failure is not None:
                 return self._failure
             if deadline is not None and time.monotonic() > deadline:
@@ -316,18 +346,6 @@ class Relayed(str):
         made = super().__new__(cls, text)
         made.why = why
         return made
-
-
-def greeting(host: str) -> str:
-    """The tag of the job's secret that the launcher of ``host`` greets with."""
-    return secret.tag("hosts", host).hex()
-
-
-def _peer(conn: socket.socket):
-    try:
-        return conn.getpeername()
-    except OSError:
-        return None
 
 
 #: What :meth:`kspipe.launchers.watcher.Cluster.wait` adds to a failure from elsewhere.

@@ -87,6 +87,12 @@ def kspipe_check_config(cfg):
             f"cluster.stall_seconds={stall:g} must be more than 0 (null: never stop a job "
             f"for making no progress)"
         )
+    peer = cfg.cluster.get("peer_timeout")
+    if peer is None or peer < 1:
+        raise ConfigError(
+            f"cluster.peer_timeout={peer}: must be at least 1 s (a launcher says it is alive "
+            f"every quarter of it)"
+        )
 
 
 @hookimpl

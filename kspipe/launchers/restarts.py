@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import enum
 import os
-import shutil
 from dataclasses import dataclass
 
 from omegaconf import open_dict
@@ -203,7 +202,7 @@ def launch(role, cfg, reporter) -> dict:
                     raise
                 state.done += 1
                 state.non_finite |= failure.why is Why.NON_FINITE
-                restart(cfg, reporter, failure, state, first)
+                restart(cfg, reporter, failure, state, first, getattr(err, "logs", None))
     finally:
         _current = None
 
@@ -225,10 +224,13 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def restart(cfg, reporter, failure: Failure, state: Restarts, first: bool) -> None:
+def restart(
+    cfg, reporter, failure: Failure, state: Restarts, first: bool, logs: list | None = None
+) -> None:
     """Set the job up to start again: its config resumes from the run folder's latest
-    complete checkpoint; the failed attempt's logs move to ``logs/attempt-<n>``; the
-    restart is said, counted (metric ``restarts``) and listed (``restarts.txt``)."""
+    complete checkpoint; the failed attempt's logs (``logs``: this host's files, None:
+    every file) move to ``logs/attempt-<n>``; the restart is said, counted (metric
+    ``restarts``) and listed (``restarts.txt``)."""
     run_dir = state.run_dir
     checkpoint.discard_unfinished(run_dir)
     name = failure.start if not first else state.told or latest_checkpoint(run_dir)
@@ -248,7 +250,7 @@ def restart(cfg, reporter, failure: Failure, state: Restarts, first: bool) -> No
         start = "the beginning" if not cfg.get("init_from") else f"init_from={cfg.init_from}"
         if cfg.get("resume"):
             start = f"resume={cfg.resume}"
-    keep_logs(os.path.join(run_dir, "logs"), state.done)
+    keep_logs(os.path.join(run_dir, "logs"), state.done, logs)
     line = f"restart {state.done} of {state.limit} from {start}"
     if not first:
         say(f"the first host restarts the job ({line})")
@@ -261,14 +263,20 @@ def restart(cfg, reporter, failure: Failure, state: Restarts, first: bool) -> No
     reporter.artifact(listing)
 
 
-def keep_logs(logs: str, attempt: int) -> None:
-    """Move the failed attempt's logs (the files in ``logs``) to ``logs/attempt-<n>``: the
-    next attempt writes its own under the same names."""
+def keep_logs(logs: str, attempt: int, names: list | None = None) -> None:
+    """Move the failed attempt's logs to ``logs/attempt-<n>``: the next attempt writes its
+    own under the same names.  ``names``: the files of this host's processes, which this
+    host alone moves (in a run folder that hosts share, each host restarts in its own time,
+    and a host that moved another's files could move its next attempt's); None: every file
+    in ``logs``."""
     if not os.path.isdir(logs):
         return
     kept = os.path.join(logs, f"attempt-{attempt}")
     os.makedirs(kept, exist_ok=True)
-    for name in os.listdir(logs):
-        path = os.path.join(logs, name)
-        if os.path.isfile(path):
-            shutil.move(path, os.path.join(kept, name))
+    if names is None:
+        names = [n for n in os.listdir(logs) if os.path.isfile(os.path.join(logs, n))]
+    for name in names:
+        try:
+            os.replace(os.path.join(logs, name), os.path.join(kept, name))
+        except FileNotFoundError:  # the process never started
+            pass

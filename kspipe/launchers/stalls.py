@@ -52,17 +52,15 @@ def is_stopped(pid: int) -> bool:
     return state(pid) in ("T", "t")
 
 
-def clear(log_dir: str) -> None:
-    """Remove every process's progress file from ``log_dir``, once the job's processes have
-    ended: they say how far a running process got, and the logs are the run's record."""
-    try:
-        names = os.listdir(log_dir)
-    except OSError:
-        return
-    for name in names:
-        if name.endswith((SUFFIX, SUFFIX + ".tmp")):
+def clear(log_dir: str, processes: list) -> None:
+    """Remove the progress files of ``processes`` (``(role, index)``: this host's) from
+    ``log_dir``, once they have ended: they say how far a running process got, and the logs
+    are the run's record.  Another host's, in a run folder they share, are its own."""
+    for role, index in processes:
+        path = path_of(log_dir, f"{role} {index}")
+        for name in (path, path + ".tmp"):
             try:
-                os.remove(os.path.join(log_dir, name))
+                os.remove(name)
             except OSError:
                 pass
 

@@ -318,7 +318,7 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
     run_dir = reporter.run_dir
     write_job(cfg, run_dir)
     cluster = Cluster(run_dir)
-    link = HostLink(hosts, cfg.cluster.hosts_timeout_s) if hosts else None
+    link = HostLink(hosts, cfg.cluster.hosts_timeout_s, cfg.cluster.peer_timeout) if hosts else None
     try:
         if link:
             link.open(reporter.say)
@@ -341,12 +341,14 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
         told = hang_up(link, err, why_stopped(err), cfg) if link else err
         cluster.stop()
         checkpoint.discard_unfinished(run_dir)  # a process stopped or killed mid-write
+        # the logs a restart keeps apart: this host's own (other hosts move theirs)
+        told.logs = [os.path.basename(p.log) for p in cluster.processes]
         if told is not err:
             raise told from None
         raise
     finally:
         cluster.stop()
-        stalls.clear(cluster.log_dir)
+        stalls.clear(cluster.log_dir, [(p.role, p.index) for p in cluster.processes])
         reporter.artifact(cluster.log_dir, "logs")
     if link:
         link.close()

@@ -304,6 +304,11 @@ class Network:
         _run(*f"tc -n {namespace} qdisc add dev {device} root tbf rate {rate}".split(),
              *f"burst {burst} latency 20ms".split())  # fmt: skip
 
+    def cut(self, host: Host) -> None:
+        """Cut ``host`` off the bridge as a pulled cable does: nothing more reaches it or
+        leaves it, and no FIN or RST tells anyone."""
+        _run("ip", "-n", self.bridge, "link", "set", host.name, "down")
+
     def namespaces(self) -> list[str]:
         """This network's namespaces that exist now, and any ``/etc/netns`` folder left of
         one."""

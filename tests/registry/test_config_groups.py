@@ -94,7 +94,7 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
 
 CLUSTER_KEYS = (
     "strategy, k_steps, wait_push, shard_sum, host, threads, timeout_s, control_port, "
-    "hosts_timeout_s, stall_seconds, secret_file, job_id, launcher, max_restarts, slurm_args, image"
+    "hosts_timeout_s, peer_timeout, stall_seconds, secret_file, job_id, launcher, max_restarts, slurm_args, image"
 )
 
 
@@ -111,6 +111,7 @@ def test_the_cluster_group_is_the_modes_keys_then_the_launchers():
         "timeout_s": None,
         "control_port": None,
         "hosts_timeout_s": 300.0,
+        "peer_timeout": 15.0,
         "stall_seconds": 600.0,
         "secret_file": None,
         "job_id": None,
