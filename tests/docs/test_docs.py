@@ -194,3 +194,84 @@ def test_the_plugin_guide_gives_the_reporters_methods_with_their_signatures():
         span = f"`reporter.{name}({', '.join(written(p) for p in parameters)})`"
         assert span in text, f"docs/plugins.md should name {span}"
     assert "`reporter.run_dir`" in text
+
+
+#: A path of the repository as the documents name it, in a code span or in prose: from one
+#: of its top folders (a link's target, ``../kspipe/...``, is the link test's).
+REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:kspipe|tests|bench|conf|docs|plugins|examples|\.ci)/[\w./-]*\w/?)"
+)
+
+PAGES = [*DOCS, ROOT / "BENCHMARKS.md", ROOT / "CHANGELOG.md"]
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.name)
+def test_every_path_a_document_names_exists(doc):
+    missing = sorted({p for p in REPO_PATH.findall(doc.read_text()) if not (ROOT / p).exists()})
+    assert not missing, f"{doc.name} names paths that are not there: {missing}"
+
+
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_a_first_page():
+    """What kspipe is, its install, the main job, where results go and how to open them,
+    and the test command, in the first screen; at most 200 lines in all."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines"
+    screen = "\n".join(lines[:42])
+    for needed in (
+        'pip install -e ".[test]"',
+        "kspipe +experiment=omniglot_5way",
+        "outputs/<date>/<time>/",
+        "mlflow ui --backend-store-uri sqlite:///mlflow.db",
+        "python -m pytest",
+    ):
+        assert needed in screen, f"README.md's first screen lacks {needed!r}"
+
+
+def test_ci_installs_and_tests_as_the_readme_says():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = README.read_text()
+    assert 'python -m pip install -e ".[test]"' in ci and 'pip install -e ".[test]"' in readme
+    assert re.search(r"^python -m pytest$", ci, re.M) and "python -m pytest" in readme
+    packages = set(re.findall(r"apt_install ([\w -]+)", ci)[0].split())
+    for line in re.findall(r"apt_install ([\w -]+)$", ci, re.M):
+        packages |= set(line.split())
+    assert packages >= {"chromium", "slurmctld", "slurmd", "slurm-client", "munge"}
+    missing = sorted(p for p in packages if p not in readme)
+    assert not missing, f".ci/run installs {missing}, which README.md does not name"
+
+
+#: The main job's duration, with its machine, as every page that gives it says it
+#: (BENCHMARKS.md has the measured figures).
+DURATION = "about 4.5 minutes on a 2-core AMD EPYC"
+
+
+def test_the_main_jobs_duration_is_said_one_way():
+    pages = [README, ROOT / "docs" / "usage.md", ROOT / "conf/experiment/omniglot_5way.yaml"]
+    for page in pages:
+        text = " ".join(page.read_text().replace("#", " ").split())
+        assert DURATION in text, f"{page.name} does not give the main job's duration"
+        others = set(re.findall(r"[\d.]+(?: to [\d.]+)? minutes", text)) - {"4.5 minutes"}
+        assert not others, f"{page.name} gives other durations: {others}"
+
+
+#: The dated pages: measurements carry their date and machine there, and only there.
+DATED = ("benchmark-log.md",)
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in DATED], ids=lambda p: p.name)
+def test_no_dated_measurement_outside_the_benchmark_pages(doc):
+    if doc.name == "distributed.md":
+        pytest.skip(
+            "its scaling section's dated figures go to BENCHMARKS.md with issue 49's point 10"
+        )
+    dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", doc.read_text())
+    assert not dates, f"{doc.name} has dated measurements ({dates}): BENCHMARKS.md holds them"
+
+
+def test_the_docs_say_seed_only_for_the_key():
+    """ "The seed" once meant the code kspipe grew from, which clashed with the ``seed`` key."""
+    saying = [d.name for d in DOCS if d.name not in DATED and "the seed" in d.read_text().lower()]
+    assert not saying, f"'the seed' in {saying}"
