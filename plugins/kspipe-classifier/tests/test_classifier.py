@@ -3,6 +3,7 @@ mode, and the modes really exchange: collective workers=2 and parameter servers 
 sync strategy end with the model one process trains on the whole batches."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def test_plugins_lists_the_workload(installed, tmp_path):
         timeout=120,
     )
     line = next(line for line in listing.stdout.splitlines() if line.startswith("classifier"))
-    assert "kspipe-classifier 0.1.0" in line and "kspipe_execute [stage execute]" in line
+    (version,) = re.findall(r'^version = "(.+)"', (PLUGIN / "pyproject.toml").read_text(), re.M)
+    assert f"kspipe-classifier {version}" in line and "kspipe_execute [stage execute]" in line
 
 
 def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_path):
