@@ -13,7 +13,13 @@ world's keys have a prefix: kspipe's is a token made from the job's secret
 (:func:`kspipe.cluster.secret.token`), and the book answers only paths of that prefix, one
 of the three worlds and a rank below ``members``, with a value of at most
 :data:`VALUE_BYTES`; any other request is refused (403, 413) and said in one line of the
-log.  Paddle's CPU collective world (``GlooParallelContext``) takes no prefix: each of its
+log.  Requests are read from every connection at once on one thread
+(:class:`kspipe.cluster.greetings.Lobby`), each with :data:`REQUEST_TIMEOUT_S` to arrive
+whole and at most :data:`greetings.SEATS` at once, then answered at once from memory: a
+stranger that is silent, slow or resets its connection holds no thread, delays no
+member, and costs one line of the log.
+
+Paddle's CPU collective world (``GlooParallelContext``) takes no prefix: each of its
 members reaches the book through a relay of its own on loopback
 (``python -m kspipe.cluster.addresses relay <host> <port> <rank>``), which adds it and
 puts that member's own key alone.
@@ -23,27 +29,95 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import io
 import re
 import socket
 import sys
 import threading
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings, secret
 from kspipe.cluster.endpoints import interface_of
 
 #: The largest value a key may hold (gloo's addresses are 136 bytes).
 VALUE_BYTES = 4096
-#: How long a connection may take to send its request.
-REQUEST_TIMEOUT_S = 30.0
+#: The longest request line and headers the book reads (gloo's are a few dozen bytes).
+HEAD_BYTES = 1 << 14
+#: How long a connection may take to send its request, and to take its answer.
+REQUEST_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 5.0
 WORLDS = ("worker", "server", "all", "summer")  # summer: a shard summer's port (modes/ps)
 WHAT = "the gloo meeting point"
 
 
-class AddressBook(http.server.ThreadingHTTPServer):
+class Reception:
+    """An HTTP server of one request a connection, each read whole in a lobby and answered
+    by ``handler`` (a :class:`Prefetched`) on the serving thread, on ``address``."""
+
+    def __init__(self, address: tuple, handler):
+        self.handler = handler
+        self.socket = socket.create_server(address, backlog=128)
+        self.server_address = self.socket.getsockname()
+        self.lobby = greetings.Lobby(
+            self.socket, WHAT, request_bytes, HEAD_BYTES, patience_s=REQUEST_TIMEOUT_S
+        )
+        self._stop, self._stopped = threading.Event(), threading.Event()
+
+    def serve_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    guest = self.lobby.next(0.5)
+                except OSError:  # closed
+                    return
+                if guest is not None:
+                    self.answer(guest)
+        finally:
+            self._stopped.set()
+
+    def answer(self, guest: greetings.Guest) -> None:
+        guest.sock.settimeout(ANSWER_TIMEOUT_S)
+        try:
+            self.handler(guest, guest.address, self)
+        except Exception as err:  # noqa: BLE001 - a stranger's doing: one line, never a traceback
+            secret.refused(WHAT, guest.address, f"no answer taken ({type(err).__name__})")
+        finally:
+            guest.sock.close()
+
+    def shutdown(self) -> None:
+        """Stop serving (returns once the serving loop has ended)."""
+        self._stop.set()
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        self.lobby.close()
+
+
+def request_bytes(got: bytes) -> int | None:
+    """How long the request whose first bytes are ``got`` is, once its head is in: the head
+    and the body its Content-Length names (the head alone if that is not one the book
+    takes: the handler then refuses it)."""
+    end = re.search(rb"\r?\n\r?\n", got)
+    if end is None:
+        return None
+    found = re.search(rb"\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r?\n", got[: end.end()], re.I)
+    size = int(found.group(1)) if found else 0
+    return end.end() + (size if size <= VALUE_BYTES else 0)
+
+
+class Prefetched(http.server.BaseHTTPRequestHandler):
+    """A request the lobby read whole: parsed from its bytes, answered on its socket."""
+
+    protocol_version = "HTTP/1.0"  # one request a connection
+
+    def setup(self):
+        self.connection = self.request.sock
+        self.rfile = io.BytesIO(self.request.got)
+        self.wfile = self.connection.makefile("wb")
+
+
+class AddressBook(Reception):
     """The store, on ``port`` of ``address`` ("": every interface of this host), for a job of
     ``members`` processes."""
-
-    daemon_threads = True
 
     def __init__(self, port: int, address: str = "", members: int = 1 << 16):
         super().__init__((address, port), Pages)
@@ -60,9 +134,8 @@ class AddressBook(http.server.ThreadingHTTPServer):
         return found is not None and int(found.group(2)) < self.members
 
 
-class Pages(http.server.BaseHTTPRequestHandler):
+class Pages(Prefetched):
     server: AddressBook
-    timeout = REQUEST_TIMEOUT_S
 
     def do_PUT(self):
         if not self.allowed():
@@ -122,12 +195,10 @@ def body_size(headers) -> int | None:
     return size if 0 <= size <= VALUE_BYTES else None
 
 
-class Relay(http.server.ThreadingHTTPServer):
+class Relay(Reception):
     """Paddle's CPU collective world's way to the book at ``book`` (host, port) for member
     ``rank``: on loopback, its requests for ``/_worker/<n>`` go on as the job's keys; it
     puts its own key alone."""
-
-    daemon_threads = True
 
     def __init__(self, book: tuple, rank: int):
         super().__init__(("127.0.0.1", 0), Forward)
@@ -135,9 +206,8 @@ class Relay(http.server.ThreadingHTTPServer):
         self.prefix = "/" + secret.token("gloo")
 
 
-class Forward(http.server.BaseHTTPRequestHandler):
+class Forward(Prefetched):
     server: Relay
-    timeout = REQUEST_TIMEOUT_S
 
     def do_PUT(self):
         self.forward()
@@ -192,7 +262,7 @@ def relay(host: str, port: int, rank: int) -> int:
     return run(server, f"ready {server.server_address[1]}")
 
 
-def run(server: http.server.HTTPServer, ready: str) -> int:
+def run(server: Reception, ready: str) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(ready, flush=True)
     sys.stdin.buffer.read()  # returns when the process that started it ends

@@ -1,12 +1,16 @@
 """The job's secret: what lets kspipe's own sockets tell the job's processes from anyone else.
 
-kspipe opens three kinds of socket for a job: the gloo meeting point (an HTTP store,
+kspipe opens four kinds of socket for a job: the gloo meeting point (an HTTP store,
 :mod:`kspipe.cluster.addresses`), the first host's control endpoint of a job across hosts
-(:mod:`kspipe.launchers.hosts`) and each worker's listener of the sum's chain
-(:mod:`kspipe.modes.summing`).  Each takes a peer only once it has shown that it knows the
-job's secret: a greeting carries an HMAC of the secret (:func:`tag`), compared in constant
-time (:func:`matches`); gloo's own HTTP client cannot send one, so its keys live under a
-path made from the secret (:func:`token`), and the book refuses any other path.
+(:mod:`kspipe.launchers.hosts`), each worker's listener of the sum's chain
+(:mod:`kspipe.modes.summing`) and each shard summer's (:mod:`kspipe.modes.ps.summer`).
+Each takes a peer only once it has shown that it knows the job's secret, by answering a
+challenge (:mod:`kspipe.cluster.greetings`): the listener sends a fresh random
+:func:`nonce`, the peer answers with an HMAC of the secret over the socket's purpose, its
+name and that nonce (:func:`answer`), compared in constant time (:func:`matches`), and the
+listener proves the same to the peer over the peer's own nonce; a greeting recorded on one
+connection answers no other.  Gloo's own HTTP client cannot answer one, so its keys live
+under a path made from the secret (:func:`token`), and the book refuses any other path.
 
 The ``kspipe`` command that starts a job makes the secret (:func:`ensure`) and hands it
 to every process the way Paddle's contract reaches them, in the environment
@@ -38,6 +42,8 @@ SECRET_ENV = "KSPIPE_JOB_SECRET"
 SHORTEST = 32
 #: The length of a greeting's tag (an HMAC-SHA256).
 TAG_BYTES = 32
+#: The length of a challenge's nonce.
+NONCE_BYTES = 16
 
 
 #: The secret this process drew itself, if it did (a sweep's next job draws another).
@@ -100,6 +106,20 @@ def tag(purpose: str, name: str, env=os.environ) -> bytes:
     """What a peer that knows the secret sends to be taken as ``name`` (a worker's index, a
     host) by the socket of ``purpose``: an HMAC, so the secret itself never travels."""
     message = f"{purpose}\0{name}".encode()
+    return hmac.new(current(env), message, hashlib.sha256).digest()
+
+
+def nonce() -> bytes:
+    """A fresh random challenge (:data:`NONCE_BYTES`): a greeting answers this one alone."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def answer(purpose: str, side: str, name: str, challenge: bytes, env=os.environ) -> bytes:
+    """What the ``side`` ("connector" or "listener") of a connection to the socket of
+    ``purpose`` sends to prove it knows the secret, as ``name``, in reply to ``challenge``
+    (the other side's nonce): an HMAC over all four, so a reply fits one challenge, one
+    side and one name."""
+    message = f"{purpose}\0{side}\0{name}\0".encode() + challenge
     return hmac.new(current(env), message, hashlib.sha256).digest()
 
 

@@ -19,27 +19,23 @@ length by a chunk per hop, not by a whole array per worker (BENCHMARKS.md).
 
 Both ends know how many bytes a round moves (the array's size, the same on every worker),
 so nothing a peer sends is read as a length; a link is taken only from the worker before
-in the chain, which names itself first with a tag of the job's secret
-(:mod:`kspipe.cluster.secret`): a fixed-length greeting, read from every connection at once
-with a short deadline, so a stranger that sends nothing, garbage or a wrong tag is closed
-(one line in the log) while the worker before still gets in.  Once the chain is made the
-listener is closed: nobody connects mid-job.
+in the chain, which answers the listener's challenge with the job's secret
+(:mod:`kspipe.cluster.greetings`): read from every connection at once with a short
+deadline, so a stranger that sends nothing, garbage, a wrong or a recorded greeting is
+closed (one line in the log) while the worker before still gets in.  Once the chain is
+made the listener is closed: nobody connects mid-job.
 """
 
 from __future__ import annotations
 
-import selectors
 import socket
-import struct
 import threading
-import time
 
 import numpy as np
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings
 from kspipe.errors import ClusterError
 
-HELLO = struct.Struct(f"!Q{secret.TAG_BYTES}s")  # the connecting worker's index; its tag
 #: How much a round moves at a time: small enough that the chain's later links start
 #: early (the pipeline fills in a chunk per hop), large enough that Python's overhead per
 #: chunk is small beside moving it.
@@ -50,6 +46,7 @@ ACCEPT_TIMEOUT_S = 300.0
 GREETING_TIMEOUT_S = 10.0
 GREETING_PEERS = 32
 WHAT = "the sum's chain"
+PURPOSE = "chain"  # what its greetings answer
 
 
 class WorkerSum:
@@ -70,9 +67,7 @@ class WorkerSum:
             return
         if self.index + 1 < self.count:
             host = endpoints[self.index + 1].rsplit(":", 1)[0]
-            self.next = socket.create_connection((host, ports[self.index + 1]))
-            self.next.sendall(hello(self.index))
-            _quick(self.next)
+            self.next = connect((host, ports[self.index + 1]), self.index)
         if listener is not None:
             with listener:
                 self.previous = accept_from(listener, self.index - 1)
@@ -156,79 +151,29 @@ class Passing(threading.Thread):
             raise self.error
 
 
-def hello(index: int) -> bytes:
-    """What worker ``index`` sends first on its link to the next worker."""
-    return HELLO.pack(index, secret.tag("chain", str(index)))
+def connect(address: tuple, index: int) -> socket.socket:
+    """Worker ``index``'s link to the next worker's listener at ``address``, greeted (the
+    next worker answers once it has joined the chain on its own side)."""
+    link = greetings.connect(address, PURPOSE, str(index), WHAT, ACCEPT_TIMEOUT_S)
+    _quick(link)
+    return link
 
 
 def accept_from(listener: socket.socket, index: int) -> socket.socket:
     """The first connection to ``listener`` that greets as worker ``index`` with the job's
-    tag; every other is closed once it has sent a greeting's length or its time is up."""
-    expected = hello(index)
-    deadline = time.monotonic() + ACCEPT_TIMEOUT_S
-    listener.setblocking(False)
-    waiting: dict = {}  # a connection -> [its address, what it sent, its deadline]
-    with selectors.DefaultSelector() as selector:
-        selector.register(listener, selectors.EVENT_READ)
-        try:
-            while True:
-                now = time.monotonic()
-                if now > deadline:
-                    raise ClusterError(
-                        f"worker {index} did not join the sync chain within "
-                        f"{ACCEPT_TIMEOUT_S:.0f} s"
-                    )
-                for peer, (_, _, until) in list(waiting.items()):
-                    if now > until:
-                        _drop(selector, waiting, peer, "no greeting in time")
-                ready = selector.select(min(1.0, deadline - now))
-                for key, _ in ready:
-                    if key.fileobj is listener:
-                        _take(listener, selector, waiting)
-                        continue
-                    peer = key.fileobj
-                    got = waiting[peer][1]
-                    try:
-                        part = peer.recv(HELLO.size - len(got))
-                    except OSError:
-                        part = b""
-                    if not part:
-                        _drop(selector, waiting, peer, "closed before greeting")
-                        continue
-                    got += part
-                    waiting[peer][1] = got
-                    if len(got) < HELLO.size:
-                        continue
-                    if secret.matches(got, expected):
-                        selector.unregister(peer)
-                        del waiting[peer]
-                        peer.setblocking(True)
-                        _quick(peer)
-                        return peer
-                    _drop(selector, waiting, peer, f"not the job's worker {index}")
-        finally:
-            for peer in list(waiting):
-                peer.close()
-
-
-def _take(listener: socket.socket, selector, waiting: dict) -> None:
+    secret (:class:`kspipe.cluster.greetings.Door`); every other is closed once it has said
+    a greeting's length, or its time is up.  Closes the listener."""
+    door = greetings.Door(listener, PURPOSE, [str(index)], WHAT, GREETING_PEERS, GREETING_TIMEOUT_S)
     try:
-        peer, address = listener.accept()
-    except (BlockingIOError, InterruptedError):
-        return
-    peer.setblocking(False)
-    if len(waiting) >= GREETING_PEERS:
-        oldest = next(iter(waiting))
-        _drop(selector, waiting, oldest, "too many connections greeting at once")
-    selector.register(peer, selectors.EVENT_READ)
-    waiting[peer] = [address, b"", time.monotonic() + GREETING_TIMEOUT_S]
-
-
-def _drop(selector, waiting: dict, peer: socket.socket, why: str) -> None:
-    address = waiting.pop(peer)[0]
-    selector.unregister(peer)
-    peer.close()
-    secret.refused(WHAT, address, why)
+        found = door.next(ACCEPT_TIMEOUT_S)
+    finally:
+        door.close()
+    if found is None:
+        raise ClusterError(
+            f"worker {index} did not join the sync chain within {ACCEPT_TIMEOUT_S:.0f} s"
+        )
+    _quick(found[1])
+    return found[1]
 
 
 def _quick(link: socket.socket) -> None:

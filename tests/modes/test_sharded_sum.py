@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings, secret
 from kspipe.cluster.addresses import AddressBook
 from kspipe.errors import ClusterError
 from kspipe.modes import summing
 from kspipe.modes.ps import sharded, summer
+from tests.kit.strangers import Eavesdropper, silent
 from tests.kit.workers import Workers, in_worker_order
 
 
@@ -157,36 +159,142 @@ def test_two_workers_or_no_address_book_keep_the_chain_alone(monkeypatch, book, 
     assert not sharded.splits(Job(3, 1).role(0), 100)
 
 
-def test_a_stranger_at_a_summers_listener_changes_nothing(summers):
-    """Connections that name no worker (garbage, an index beyond the workers, half a
-    greeting, a worker's index without the job's tag) or a worker already in are closed;
-    the summer sums as without them."""
+def a_summer(summers: list, workers: int, size: int, chunk_bytes: int = summer.CHUNK_BYTES):
+    """A summer started as a server starts it (in ``summers``); its listener's address, once
+    it greets (a connection that goes away at once: one line in its log)."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=16)
     address = listener.getsockname()
-    summers.append(summer.launch(listener, 3, 1000, "float64", 256))
+    summers.append(summer.launch(listener, workers, size, "float64", chunk_bytes))
+    with socket.create_connection(address, timeout=60) as probe:
+        greetings.receive(probe, secret.NONCE_BYTES)
+    return address
 
-    def greet(greeting: bytes) -> socket.socket:
-        link = socket.create_connection(address, timeout=30)
-        link.sendall(greeting)
-        return link
 
-    wrong = summer.HELLO.pack(0, bytes(secret.TAG_BYTES))  # worker 0 without the secret
-    for greeting in (b"garbage!", summer.HELLO.pack(7, bytes(32)), b"\x00", wrong):
-        greet(greeting).close()
-    workers = {1: greet(summer.greeting(1))}
-    twin = greet(summer.greeting(1))  # after worker 1: turned away
-    assert twin.recv(1) == b""
-    twin.close()
-    workers[0], workers[2] = greet(summer.greeting(0)), greet(summer.greeting(2))
-    arrays = [np.full(1000, 10.0 ** (8 * w)) + np.arange(1000) / 3 for w in range(3)]
-    for w in (0, 1, 2):  # each worker's slice; the totals wait in each link
-        workers[w].sendall(arrays[w].tobytes())
-    for w in (0, 1, 2):
-        total = np.empty(1000)
-        summing.receive_into(workers[w], total)
+def greeted(address: tuple, workers, timeout_s: float = 30.0) -> dict:
+    """Each of ``workers`` greeting the summer at ``address`` at once (a thread each), as
+    each worker's process does: their links."""
+    links: dict = {}
+
+    def greet(w: int) -> None:
+        links[w] = summer.greet(address, w, timeout_s)
+        links[w].settimeout(timeout_s)
+
+    threads = [threading.Thread(target=greet, args=(w,)) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    return links
+
+
+def round_trip(links: dict, size: int) -> np.ndarray:
+    """One round: each worker's slice sent, each worker's totals received and checked."""
+    arrays = [np.full(size, 10.0 ** (8 * w)) + np.arange(size) / 3 for w in range(len(links))]
+    for w in sorted(links):  # each worker's slice; the totals wait in each link
+        links[w].sendall(arrays[w].tobytes())
+    for w in sorted(links):
+        total = np.empty(size)
+        summing.receive_into(links[w], total)
         np.testing.assert_array_equal(total, in_worker_order(arrays))
-        workers[w].close()
+
+
+def test_a_stranger_at_a_summers_listener_changes_nothing(summers, capfd):
+    """Connections that greet as no worker (garbage, half a greeting, a worker's index
+    without the job's secret, an answer of a wrong secret) or as a worker already in are
+    closed, one line each; the summer sums as without them."""
+    address = a_summer(summers, 3, 1000, 256)
+    wrong = secret.answer(
+        summer.PURPOSE, "connector", "0", bytes(16), {secret.SECRET_ENV: "ef" * 32}
+    )
+    for says in (b"garbage!" * 6, b"\x00", bytes(greetings.GREETING_BYTES), bytes(16) + wrong):
+        stranger = socket.create_connection(address, timeout=30)
+        stranger.sendall(says)
+        assert greetings.receive(stranger, secret.NONCE_BYTES)  # the challenge
+        stranger.close()
+    workers = greeted(address, [1])
+    with pytest.raises(OSError):  # after worker 1: turned away (its retries too, till then)
+        summer.greet(address, 1, 1.0)
+    workers.update(greeted(address, [0, 2]))
+    round_trip(workers, 1000)
+    for link in workers.values():
+        link.close()
     assert summers[0].wait(timeout=30) == 0  # the workers' links closed: the job's end
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    refused = [line for line in err.splitlines() if "refused" in line]
+    assert len(refused) >= 4 and all(
+        line.startswith("kspipe: refused a connection to a shard summer from 127.0.0.1:")
+        for line in refused
+    ), refused
+
+
+def test_silent_strangers_before_the_workers_delay_no_total(summers):
+    """Strangers connected before the workers that say nothing (each waited for in turn, 10
+    s apiece, 3 of them delayed a round's first total 30.5 s): the workers' first totals
+    come back within a second."""
+    address = a_summer(summers, 3, 1000)
+    strangers = silent(address, 3)
+    began = time.monotonic()
+    workers = greeted(address, range(3))
+    round_trip(workers, 1000)
+    took = time.monotonic() - began
+    for link in [*workers.values(), *strangers]:
+        link.close()
+    assert took < 1.0, f"the first total came {took:.1f} s after the workers greeted"
+
+
+def test_a_stranger_who_keeps_connecting_holds_no_worker_out(summers):
+    """A stranger that opens a silent connection every 10 ms from before the workers come
+    until after their first round: the workers join and sum within a second."""
+    address, stop, strangers = a_summer(summers, 3, 1000), threading.Event(), []
+
+    def keep_connecting() -> None:
+        while not stop.is_set() and len(strangers) < 400:
+            try:
+                strangers.append(socket.create_connection(address, timeout=5))
+            except OSError:  # the listener closed once the workers were in
+                return
+            time.sleep(0.01)
+
+    connecting = threading.Thread(target=keep_connecting, daemon=True)
+    connecting.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    try:
+        workers = greeted(address, range(3))
+        round_trip(workers, 1000)
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        connecting.join(10)
+        for link in strangers:
+            link.close()
+    for link in workers.values():
+        link.close()
+    assert took < 1.0, f"the first total came {took:.1f} s after the workers greeted"
+
+
+def test_a_recorded_greeting_is_refused_by_a_later_summer(summers, capfd):
+    """Worker 0's greeting, recorded on its way to one summer, is sent first to another
+    summer of the same secret (a later job reusing the secret file): it answers no new
+    challenge and is refused; worker 0 still joins."""
+    first = a_summer(summers, 1, 100)
+    eavesdropper = Eavesdropper(first)
+    (link,) = greeted(eavesdropper.address, [0]).values()
+    recorded = bytes(eavesdropper.heard[: greetings.GREETING_BYTES])
+    link.close()
+    eavesdropper.close()
+    later = a_summer(summers, 1, 100)
+    replay = socket.create_connection(later, timeout=30)
+    replay.sendall(recorded)
+    assert greetings.receive(replay, secret.NONCE_BYTES)
+    assert replay.recv(1) == b""  # refused
+    workers = greeted(later, [0])
+    round_trip(workers, 100)
+    workers[0].close()
+    err = capfd.readouterr().err
+    assert err.count("kspipe: refused a connection to a shard summer") == 3, err  # 2 probes
+    assert err.count("no greeting of the job's") == 1, err
 
 
 def test_a_worker_slow_to_take_its_totals_holds_back_no_other(summers):
@@ -194,14 +302,7 @@ def test_a_worker_slow_to_take_its_totals_holds_back_no_other(summers):
     other flows, on a cluster): workers 0 and 2 still get every total, though theirs and
     worker 1's are far more than the links' buffers hold."""
     size = 8_000_000  # 64 MB a worker's totals: many times a loopback link's buffers
-    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
-    address = listener.getsockname()
-    summers.append(summer.launch(listener, 3, size, "float64"))
-    links = []
-    for w in range(3):
-        link = socket.create_connection(address, timeout=60)
-        link.sendall(summer.greeting(w))
-        links.append(link)
+    links = greeted(a_summer(summers, 3, size), range(3), timeout_s=60)
     arrays = [np.full(size, float(w + 1)) + np.arange(size) / 7 for w in range(3)]
     sending = [
         threading.Thread(target=links[w].sendall, args=(arrays[w].tobytes(),), daemon=True)
@@ -214,7 +315,7 @@ def test_a_worker_slow_to_take_its_totals_holds_back_no_other(summers):
         total = np.empty(size)
         summing.receive_into(links[w], total)  # the links' timeout: 60 s
         np.testing.assert_array_equal(total, expected)
-    for link in links:
+    for link in links.values():
         link.close()
     assert summers[0].wait(timeout=30) == 0
 

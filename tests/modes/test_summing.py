@@ -10,9 +10,10 @@ import threading
 import numpy as np
 import pytest
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings, secret
 from kspipe.errors import ConfigError
 from kspipe.modes import summing
+from tests.kit.strangers import Eavesdropper
 from tests.kit.workers import Workers, in_worker_order
 
 
@@ -69,34 +70,43 @@ def test_the_chain_sums_in_worker_order_bit_for_bit(monkeypatch, count, chunk_by
         np.testing.assert_array_equal(result, expected)
 
 
-#: What strangers send a worker's listener: garbage, a greeting of another index (its tag
-#: too), the right index without the secret, a tag of a wrong secret, a huge message, and
-#: nothing at all (a connection left open).
-def strangers(index: int) -> list:
-    wrong = hmac.new(b"not the job's secret", f"chain\0{index}".encode(), "sha256").digest()
-    return [
-        b"garbage!",
-        summing.hello(index + 5),
-        summing.HELLO.pack(index, bytes(32)),
-        summing.HELLO.pack(index, wrong),
-        b"\xff" * (1 << 20),
-        b"",
-    ]
+def greeting(sock: socket.socket, index: int, key: bytes | None = None) -> bytes:
+    """The greeting a connector sends as worker ``index`` on ``sock`` (a new connection to
+    a listener, whose challenge it reads): with the job's secret, or with ``key``."""
+    nonce = greetings.receive(sock, secret.NONCE_BYTES)
+    own = secret.nonce()
+    if key is None:
+        return own + secret.answer(summing.PURPOSE, "connector", str(index), nonce)
+    message = f"{summing.PURPOSE}\0connector\0{index}\0".encode() + nonce
+    return own + hmac.new(key, message, "sha256").digest()
+
+
+#: What strangers send a worker's listener: garbage, a greeting of another index, the
+#: right index without the secret, an answer of a wrong secret, a huge message, and nothing
+#: at all (a connection left open).
+STRANGERS = [
+    lambda sock, index: b"garbage!",
+    lambda sock, index: greeting(sock, index + 5),
+    lambda sock, index: bytes(greetings.GREETING_BYTES),
+    lambda sock, index: greeting(sock, index, b"not the job's secret"),
+    lambda sock, index: b"\xff" * (1 << 20),
+    lambda sock, index: b"",
+]
 
 
 def test_strangers_at_a_workers_listener_are_turned_away(monkeypatch, capfd):
-    """Connections that do not greet as the worker before in the chain with the job's tag
-    are closed, each said in one line; one that sends nothing does not hold the worker
-    before out; the chain forms and sums as without them."""
+    """Connections that do not greet as the worker before in the chain with the job's
+    secret are closed, each said in one line; one that sends nothing does not hold the
+    worker before out; the chain forms and sums as without them."""
     listening, left_open, visitors = [], [], []
     real_accept_from = summing.accept_from
 
     def visit(address, index):
-        for greeting in strangers(index):
+        for stranger_says in STRANGERS:
             try:  # the listener closes once the worker before got in
                 stranger = socket.create_connection(address, timeout=5.0)
                 left_open.append(stranger)
-                stranger.sendall(greeting)
+                stranger.sendall(stranger_says(stranger, index))
             except OSError:  # closed, or the huge one: no one reads it all
                 pass
 
@@ -125,36 +135,90 @@ def test_strangers_at_a_workers_listener_are_turned_away(monkeypatch, capfd):
     assert all(line.startswith(said) for line in refused), refused
 
 
+def connect_later(address, index: int) -> dict:
+    """Worker ``index`` connecting to ``address`` on a thread (it waits for the challenge)."""
+    joined: dict = {}
+
+    def join() -> None:
+        joined["link"] = summing.connect(address, index)
+        joined["link"].sendall(b"after the greeting")
+
+    joined["thread"] = threading.Thread(target=join, daemon=True)
+    joined["thread"].start()
+    return joined
+
+
 def test_a_listener_takes_the_worker_before_after_strangers(monkeypatch, capfd):
     """Strangers connected first, the worker before last: the one taken is the worker, and
     each stranger that sent a whole greeting's length is refused in one line."""
     monkeypatch.setattr(summing, "GREETING_TIMEOUT_S", 30.0)
+
+    def say(stranger: socket.socket, says) -> None:
+        try:
+            stranger.sendall(says(stranger, 0))
+        except OSError:  # the huge one: closed once a greeting's length is in
+            pass
+
     with socket.create_server(("127.0.0.1", 0), backlog=summing.GREETING_PEERS) as listener:
-        visitors = []
-        for greeting in strangers(0):
-            stranger = socket.create_connection(listener.getsockname(), timeout=1.0)
+        taken: list = []
+        listening = threading.Thread(
+            target=lambda: taken.append(summing.accept_from(listener, 0)), daemon=True
+        )
+        listening.start()
+        visitors, saying = [], []
+        for stranger_says in STRANGERS:
+            stranger = socket.create_connection(listener.getsockname(), timeout=5.0)
             visitors.append(stranger)
-            try:
-                stranger.sendall(greeting)
-            except OSError:  # the huge one: no one reads it all
-                pass
-        worker = socket.create_connection(listener.getsockname())
-        worker.sendall(summing.hello(0) + b"after the greeting")
-        taken = summing.accept_from(listener, 0)
-    with taken, worker:
-        assert summing.receive(taken, len(b"after the greeting")) == b"after the greeting"
+            saying.append(threading.Thread(target=say, args=(stranger, stranger_says)))
+            saying[-1].start()  # each answers the challenge when the listener sends it
+        for thread in saying:
+            thread.join(10)
+        worker = connect_later(listener.getsockname(), 0)
+        listening.join(10)
+    worker["thread"].join(10)
+    with taken[0], worker["link"]:
+        assert summing.receive(taken[0], len(b"after the greeting")) == b"after the greeting"
     for stranger in visitors:
         stranger.close()
     err = capfd.readouterr().err
     assert err.count("kspipe: refused a connection to the sum's chain from 127.0.0.1:") == 4, err
-    assert err.count("not the job's worker 0") == 4, err  # index 5, no tag, a wrong one, huge
+    assert err.count("no greeting of the job's") == 4, err  # index 5, no tag, a wrong one, huge
     assert "Traceback" not in err
+
+
+def test_a_recorded_greeting_is_refused(capfd):
+    """A greeting recorded on the way from the worker before to its listener, sent again on
+    a connection of its own (in the same job, or a later one with the same secret file),
+    answers no new challenge: it is refused in one line, and the worker gets in after it."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        eavesdropper = Eavesdropper(listener.getsockname())
+        worker = connect_later(eavesdropper.address, 0)
+        summing.accept_from(listener, 0).close()
+        worker["thread"].join(10)
+        worker["link"].close()
+        eavesdropper.close()
+    recorded = bytes(eavesdropper.heard[: greetings.GREETING_BYTES])
+    assert len(recorded) == greetings.GREETING_BYTES
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        replay = socket.create_connection(listener.getsockname())
+        replay.sendall(recorded)
+        worker = connect_later(listener.getsockname(), 0)
+        taken = summing.accept_from(listener, 0)
+        worker["thread"].join(10)
+        assert summing.receive(taken, len(b"after the greeting")) == b"after the greeting"
+        assert greetings.receive(replay, secret.NONCE_BYTES)  # its challenge, then closed
+        assert replay.recv(1) == b""
+    for link in (taken, worker["link"], replay):
+        link.close()
+    err = capfd.readouterr().err
+    assert err.count("no greeting of the job's") == 1, err
 
 
 def test_a_worker_without_the_secret_cannot_greet(monkeypatch):
     monkeypatch.delenv(secret.SECRET_ENV)
-    with pytest.raises(ConfigError, match=secret.SECRET_ENV):
-        summing.hello(1)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with pytest.raises(ConfigError, match=secret.SECRET_ENV):
+            summing.connect(listener.getsockname(), 1)
 
 
 @pytest.mark.parametrize("leaves", ["at once", "after the partial sums"])

@@ -203,10 +203,8 @@ def connect(endpoint: str, server: int, index: int) -> socket.socket:
     if not 0 < port < 65536:
         raise ClusterError(f"server {server}'s shard summer was announced at port {port}")
     try:
-        link = socket.create_connection((host, port), timeout=FIND_TIMEOUT_S)
-        link.settimeout(None)
+        link = summer.greet((host, port), index, FIND_TIMEOUT_S)
         link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link.sendall(summer.greeting(index))
     except OSError as err:
         raise ClusterError(
             f"worker {index} cannot reach server {server}'s shard summer at {host}:{port}: "

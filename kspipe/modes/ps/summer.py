@@ -16,10 +16,12 @@ as the chain adds: the total is the chain's bit for bit.  The slice moves a chun
 time, so the totals of the first chunks go back while the later ones still come in; each
 worker's link takes its totals as fast as it can, whatever the others' do.
 
-What a peer can make it do: a connection counts only once it names a worker index that
-no connection has named yet, with that worker's tag of the job's secret (any other is
-closed, said in the server's log, and the summer goes on); no length is
-ever read from a peer (both sides know the slice's size).  It ends when its standard input
+What a peer can make it do: a connection counts only once it answers the summer's
+challenge as a worker that has not joined yet, with the job's secret
+(:mod:`kspipe.cluster.greetings`: every connection's greeting read at once, each with a
+short deadline, so a stranger delays no worker; any other is closed, said in one line of
+the server's log, and the summer goes on); no index or length is ever read from a peer
+(both sides know the slice's size).  It ends when its standard input
 closes (its server ended, however it ended), and when any worker's link closes or fails:
 at the job's end, or when a worker leaves mid-round; its links then close (once the totals
 already summed have gone out), so every other worker's round fails rather than waits.
@@ -32,24 +34,23 @@ import os
 import queue
 import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
 
 import numpy as np
 
-from kspipe.cluster import secret
+from kspipe.cluster import greetings
 
-HELLO = struct.Struct(f"!Q{secret.TAG_BYTES}s")  # the connecting worker's index; its tag
 WHAT = "a shard summer"
+PURPOSE = "summer"  # what its greetings answer
 #: A chunk: its total goes back once every worker's chunk is in, so a round's first
 #: total waits for ``workers`` chunks on the server's link; small keeps that short.
 CHUNK_BYTES = 1 << 15
 #: How long the sender waits on full links before it takes the totals summed meanwhile.
 TAKE_EVERY_S = 0.005
-#: How long a connection may take to name itself.
-HELLO_TIMEOUT_S = 10.0
+#: How long a connection may take to greet.
+HELLO_TIMEOUT_S = greetings.PATIENCE_S
 #: Once one worker is in, how long the others may take to join.
 JOIN_TIMEOUT_S = 300.0
 #: How long the totals already summed may take to go out when the summer ends (a worker
@@ -92,40 +93,33 @@ def launch(
 
 def accept_workers(listener: socket.socket, workers: int) -> list:
     """One link from each worker, in index order: the first connection that greets as each
-    worker (:func:`greeting`); every other connection is closed."""
+    worker (:func:`greet`); every other connection is closed.  Closes the listener."""
     links: list = [None] * workers
-    listener.settimeout(None)  # the first worker comes when training starts
-    while None in links:
-        try:
-            peer, address = listener.accept()
-        except TimeoutError as err:
-            raise Left(f"the workers did not all join within {JOIN_TIMEOUT_S:.0f} s") from err
-        peer.settimeout(HELLO_TIMEOUT_S)
-        try:
-            named, _ = HELLO.unpack(got := receive(peer, HELLO.size))
-        except (Left, OSError):
-            named, got = None, b""
-        if (
-            named is not None
-            and named < workers
-            and links[named] is None
-            and secret.matches(got, greeting(named))
-        ):
-            peer.settimeout(None)
-            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            links[named] = peer
-            listener.settimeout(JOIN_TIMEOUT_S)
-        else:
-            secret.refused(WHAT, address, "not a worker of the job, or one already in")
-            peer.close()
-    listener.close()
+    door = greetings.Door(
+        listener, PURPOSE, map(str, range(workers)), WHAT, patience_s=HELLO_TIMEOUT_S
+    )
+    try:
+        wait = None  # the first worker comes when training starts
+        while None in links:
+            found = door.next(wait)
+            if found is None:
+                raise Left(f"the workers did not all join within {JOIN_TIMEOUT_S:.0f} s")
+            name, link = found
+            door.names.discard(name)  # the name is one of the door's own, not a peer's bytes
+            link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            links[int(name)] = link
+            wait = JOIN_TIMEOUT_S
+    except BaseException:
+        end_links([link for link in links if link is not None])
+        raise
+    finally:
+        door.close()
     return links
 
 
-def greeting(index: int) -> bytes:
-    """What worker ``index`` sends first on its link to a summer: its index and its tag of
-    the job's secret (:mod:`kspipe.cluster.secret`)."""
-    return HELLO.pack(index, secret.tag("summer", str(index)))
+def greet(address: tuple, index: int, timeout_s: float) -> socket.socket:
+    """Worker ``index``'s link to the summer at ``address``, greeted with the job's secret."""
+    return greetings.connect(address, PURPOSE, str(index), WHAT, timeout_s)
 
 
 def sum_rounds(links: list, length: int, dtype: str, chunk_bytes: int = CHUNK_BYTES) -> None:
