@@ -80,7 +80,7 @@ def field_comments(cls) -> dict[str, str]:
             while line + 1 in alone and notes[line + 1].startswith("  "):
                 line += 1
                 beside.append(notes[line].strip())
-        found[node.target.id] = " ".join(above + beside)
+        found[node.target.id] = " ".join(" ".join(above + beside).split())
     return found
 
 
