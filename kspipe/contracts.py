@@ -96,6 +96,12 @@ class Role(Protocol):
         embedding rows)}``) with fresh optimiser state; ``folder`` takes the files this
         needs (``init_from=``, :mod:`kspipe.checkpoint.incremental`)."""
 
+    def end_day_tables(self, folder: str) -> None:
+        """The first worker, after :meth:`settle_tables`, at a day's end: the tables age a
+        day (every row's unseen days up by one; ``folder`` takes the files this writes, and
+        is removed) and shrink (decay show and click, delete the rows their accessor's
+        thresholds say)."""
+
 
 @runtime_checkable
 class ParameterSync(Protocol):
@@ -191,6 +197,9 @@ class Workload:
         checkpoint ``cfg.resume`` names, through :func:`kspipe.checkpoint.latest` and
         :func:`kspipe.checkpoint.load`); if not, a run given one is refused, and so is a job
         with ``cluster.max_restarts`` above 0, which a restart would start over from nothing.
+    :param groups: the config groups a run of it reads, which its MLflow run logs as params;
+        empty: the command fills them in, every group but those of the stage plugins the
+        run does not use (another workload's, another data set's).
     """
 
     name: str
@@ -201,6 +210,7 @@ class Workload:
     serving: str = ""
     starts_from: bool = False
     resumes: bool = False
+    groups: tuple = ()
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)

@@ -3,6 +3,7 @@ line: its metrics, or how a stopped or failed run goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 from omegaconf import open_dict
@@ -59,7 +60,7 @@ class Jobs:
                 if not sweep
                 else cfg.run_dir or hydra_cfg.runtime.output_dir
             )
-            cfg.tracking.run_name = cfg.tracking.run_name or job
+            cfg.tracking.run_name = cfg.tracking.run_name or job or run_name(hydra_cfg)
             if cfg.get("isolate") is None:  # a sweep's jobs share no Paddle process state
                 cfg.isolate = sweep
         try:
@@ -68,6 +69,8 @@ class Jobs:
                 print(f"kspipe: {handed}", flush=True)
                 return worst_value(hydra_cfg)
             workload = prepare(cfg, self.pm)  # described once: the run and its closing line
+            if not workload.groups:
+                workload = dataclasses.replace(workload, groups=used_groups(self.pm, cfg))
             metrics = run(cfg, self.pm, workload)
         except KspipeError as err:
             if sweep:  # report, and let the other jobs run
@@ -96,6 +99,44 @@ class Jobs:
             reader_gone()
         value = metrics.get(workload.headline) if metrics else None
         return worst_value(hydra_cfg) if value is None else float(value)
+
+
+def run_name(hydra_cfg) -> str | None:
+    """A run's name from the command line: its experiment, then the other overrides the user
+    gave (``omniglot_5way train.meta_iters=50``), without those that name a file or folder
+    (Hydra's ``override_dirname.exclude_keys``: ``dataset.root``, ``run_dir`` ...); None
+    for none (the tracker names it after the workload)."""
+    from kspipe.observers.sweep import parse_overrides
+
+    excluded = set(hydra_cfg.job.config.override_dirname.exclude_keys)
+    given: dict[str, str] = {}  # a key given twice: its last value, where first given
+    for override in parse_overrides(hydra_cfg.overrides.task) or ():
+        key = override.get_key_element().lstrip("+~")
+        if key not in excluded and not key.startswith("tracking."):
+            given[key] = override.input_line.lstrip("+")
+    experiment = given.pop("experiment", "").partition("=")[2]
+    name = " ".join([experiment, *given.values()] if experiment else given.values())
+    return name[:MAX_NAME] if name else None
+
+
+#: A run name's length at most (MLflow's runs table shows about this much).
+MAX_NAME = 200
+
+
+def used_groups(pm, cfg) -> tuple:
+    """The config groups the run ``cfg`` reads: every group but those that only plugins
+    serving a stage the run does not give them declare (a Reptile run's ``ctr``,
+    ``datafeed``, an installed workload's)."""
+    from kspipe.registry.plugin_manager import STAGES, implementers
+
+    chosen = {str(cfg.stages[stage]) for stage in STAGES}
+    idle = {name for stage in STAGES for name in implementers(pm, stage)} - chosen
+    declared: dict[str, set] = {}
+    for impl in pm.hook.kspipe_config_schemas.get_hookimpls():
+        for group in impl.function() or {}:
+            declared.setdefault(group, set()).add(pm.get_name(impl.plugin))
+    unused = {group for group, names in declared.items() if names <= idle}
+    return tuple(key for key in cfg if key not in unused)
 
 
 def recorded_as(cfg, status: str) -> str:

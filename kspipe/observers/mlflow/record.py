@@ -242,7 +242,9 @@ class Record:
             return None
         try:
             if model:
-                note = log_model(**model)
+                # the model's metrics at the step the run last logged them
+                steps = [self.curve[k][-1][0] for k in model["metrics"] if self.curve.get(k)]
+                note = log_model(**model, step=max(steps, default=0))
         except BaseException:
             self.end("FAILED")
             raise
@@ -269,7 +271,7 @@ LOOK_EVERY_S = 10.0
 
 
 def log_model(
-    uri: str, run_id: str, run_dir: str, serving: str, register, alias=None
+    uri: str, run_id: str, run_dir: str, serving: str, register, alias=None, **scores
 ) -> str | None:
     """The run's MLflow model (:func:`kspipe.observers.mlflow.serving.log_model`), with Paddle's
     signal handlers taken off again (its import installs them); the line to say if a
@@ -281,7 +283,7 @@ def log_model(
     paddle.disable_signal_handler()
     ignore_stop_signals()
     try:
-        pyfunc.log_model(uri, run_id, run_dir, serving, register, alias)
+        pyfunc.log_model(uri, run_id, run_dir, serving, register, alias, **scores)
     except KspipeError:
         raise
     except Exception as err:

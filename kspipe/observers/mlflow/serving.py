@@ -25,6 +25,7 @@ import contextlib
 import importlib
 import logging
 import os
+import time
 import warnings
 
 import pandas as pd
@@ -71,11 +72,19 @@ def log_model(
     serving: str,
     register: str | None = None,
     alias: str | None = None,
+    metrics: dict | None = None,
+    step: int = 0,
 ) -> str:
     """Log the run folder's inference model as the pyfunc ``model`` of ``run_id``, with a
-    signature and an input example, and register it as ``register`` if set, that version
-    then ``models:/<register>@<alias>`` with ``alias``; return the model's URI.  A name the
-    registry refuses raises :class:`ConfigError`."""
+    signature and an input example, and its ``metrics`` (the run's final ones, logged at
+    ``step``: MLflow 3's model view ranks models by them), and register it as ``register``
+    if set, that version then ``models:/<register>@<alias>`` with ``alias``; return the
+    model's URI.  A name the registry refuses raises :class:`ConfigError`.
+
+    Logged in an active run, MLflow would give the model every metric the run logged at
+    its step (a Reptile run's baseline, at 0): the model is made for the run outside it,
+    and given its run and its metrics here."""
+    from mlflow.entities import LoggedModelOutput, Metric
     from mlflow.models import infer_signature
 
     cls = predictor_class(serving)
@@ -87,16 +96,32 @@ def log_model(
                 example["input"], example["output"], params=example["params"] or None
             )
         signature.inputs = loosened(signature.inputs, example.get("unchecked", ()))
-        # start_run(run_id) ends the run afterwards, as kspipe would
-        with quiet(), fluent_store(uri), mlflow.start_run(run_id=run_id):
+        with quiet(), fluent_store(uri):
+            client = mlflow.MlflowClient(uri)
+            run = client.get_run(run_id)
+            model = mlflow.initialize_logged_model(
+                name=MODEL_NAME,
+                source_run_id=run_id,
+                params=run.data.params,
+                experiment_id=run.info.experiment_id,
+            )
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME,
+                model_id=model.model_id,
                 python_model=KspipeModel(serving),
                 artifacts=artifacts,
                 signature=signature,
                 input_example=example["input"],
                 pip_requirements=requirements(),
             )
+            client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+            now = int(time.time() * 1000)
+            scores = [
+                Metric(name, float(value), now, step, model_id=model.model_id, run_id=run_id)
+                for name, value in (metrics or {}).items()
+            ]
+            if scores:
+                client.log_batch(run_id, metrics=scores)
     if register:
         try:
             with fluent_store(uri):

@@ -1,10 +1,13 @@
 """The ``mlflow`` plugin: a run's record in MLflow, kept by the first worker only.
 
-A run (:class:`MlflowTracker`) gets the flattened resolved config as params, its workload's
-name and metrics as tags (:mod:`kspipe.observers.mlflow.tags`), every metric the stages report,
-the resolved config, the inference model and a learning-curve PNG of the ``curve/*``
-series (:mod:`kspipe.observers.plots`) as artifacts, the inference model as the MLflow
-model ``model`` (:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
+A run (:class:`MlflowTracker`) is named by its experiment and the overrides the user gave
+(a sweep's job by its swept values), gets the resolved config of the groups it reads
+(:attr:`kspipe.contracts.Workload.groups`) as params, its command line (``kspipe.command``),
+its workload's name and metrics as tags (:mod:`kspipe.observers.mlflow.tags`), every metric
+the stages report, the resolved config, the inference model and a learning-curve PNG of
+the ``curve/*`` series (:mod:`kspipe.observers.plots`) as artifacts, the inference model as
+the MLflow model ``model`` with the run's final ``test_*`` metrics
+(:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
 set, that version given the alias ``tracking.alias``), the data set it trained on as its
 input (the dataset stage's ``training_data``, :class:`kspipe.contracts.TrainingData`), and
 ends FINISHED, FAILED or KILLED; a job that Slurm requeues, or whose pod Kubernetes
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
+import sys
 import time
 
 from omegaconf import open_dict
@@ -54,6 +59,14 @@ def flatten(tree, prefix: str = "") -> dict:
         else:
             out[name] = value
     return out
+
+
+def model_metrics(metrics: dict) -> dict:
+    """What the run's MLflow model carries of its final ``metrics``: its evaluation on the
+    held-out data, the metrics named ``test_*`` (Reptile's ``test_accuracy`` and its
+    interval, ctr's ``test_auc`` and ``test_logloss``).  A baseline (the model before
+    training) stays on the run."""
+    return {k: float(v) for k, v in metrics.items() if k.startswith("test_")}
 
 
 def node_id(role) -> str | None:
@@ -135,7 +148,12 @@ class MlflowTracker:
                 f"tracking.register={cfg.tracking.register} registers the "
                 f"run's MLflow model, which tracking.model=false does not log"
             )
-        tags = {"kspipe.mode": cfg.mode, "kspipe.run_dir": run_dir, **workload_tags(self.workload)}
+        tags = {
+            "kspipe.mode": cfg.mode,
+            "kspipe.run_dir": run_dir,
+            "kspipe.command": shlex.join(["kspipe", *sys.argv[1:]])[:MAX_PARAM_LENGTH],
+            **workload_tags(self.workload),
+        }
         if parent_run_id():
             tags["mlflow.parentRunId"] = parent_run_id()
         attempt, restart = job.attempt(cfg), None
@@ -145,10 +163,12 @@ class MlflowTracker:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         config_path = os.path.join(run_dir, "config.yaml")
         OmegaConf.save(cfg, config_path, resolve=True)
+        groups = set(self.workload.groups or resolved)  # the config groups the run reads
+        params = {k: v for k, v in resolved.items() if k in groups or not isinstance(v, dict)}
         return {
-            "run_name": cfg.tracking.run_name,
+            "run_name": cfg.tracking.run_name or self.workload.name,
             "tags": tags,
-            "params": [(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(resolved).items()],
+            "params": [(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in flatten(params).items()],
             "config_path": config_path,
             "register": cfg.tracking.get("register"),
             "alias": cfg.tracking.get("alias"),
@@ -216,17 +236,18 @@ class MlflowTracker:
         if not self.records:  # its sampling ends
             self.finish("FINISHED")
             return
-        model = self.model(cfg, run_dir) if self.owner else None
+        model = self.model(cfg, run_dir, metrics) if self.owner else None
         note = self.finish("FINISHED", run_dir, self.workload.headline, model)
         if note:
             say(note)
         if self.owner and not parent_run_id():  # a sweep names the page
             say(runs_page(cfg, self.experiment, self.workload.headline))  # once, at its end
 
-    def model(self, cfg, run_dir: str) -> dict | None:
+    def model(self, cfg, run_dir: str, metrics: dict | None) -> dict | None:
         """log_model's arguments for the run's inference model, if its workload names a
         predictor (a refused ``tracking.register`` then fails the run; a model that cannot
-        be logged otherwise is said in one line and the trained run is kept)."""
+        be logged otherwise is said in one line and the trained run is kept), with its
+        metrics (:func:`model_metrics`)."""
         serving = self.workload.serving
         if (
             not serving
@@ -241,6 +262,7 @@ class MlflowTracker:
             "serving": serving,
             "register": cfg.tracking.get("register"),
             "alias": cfg.tracking.get("alias"),
+            "metrics": model_metrics(metrics or {}),
         }
 
     @hookimpl
