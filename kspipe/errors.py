@@ -42,7 +42,9 @@ class StorageError(KspipeError):
 
 
 class NonFiniteError(KspipeError):
-    """Training went non-finite: a loss or metric a stage reported is NaN or infinite."""
+    """Training went non-finite: a loss or metric a stage reported (a number, or any element
+    of an array or tensor) is NaN or infinite, or a parameter of the model is, at a
+    checkpoint or when training ends (:mod:`kspipe.reporting`)."""
 
 
 #: The errors of a disk that refuses a write: where the job writes is at fault, not the job.

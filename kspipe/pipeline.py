@@ -252,6 +252,7 @@ def run_stages(cfg, stages: Stages, role, reporter) -> dict:
             or {}
         )
         reporter.check(metrics)  # a non-finite value, reported from any thread or returned
+        reporter.check_model(programs, scope)  # a non-finite parameter, before the export
         if role.is_first_worker():
             collect_graphs(cfg, reporter)
             model_dir = os.path.join(reporter.run_dir, "inference_model")

@@ -35,6 +35,7 @@ from kspipe.checkpoint.folders import (  # noqa: F401 (kspipe.checkpoint.<name>)
 from kspipe.errors import ConfigError, StorageError, first_line, storage_error
 from kspipe.files import user_path
 from kspipe.process import heartbeat
+from kspipe.reporting import check_parameters
 
 TABLES = "tables"  # a checkpoint's folder of the tables kept outside the workers
 
@@ -52,7 +53,8 @@ def save(
     follows: str | None = None,
 ) -> str:
     """Write ``program``'s persistables in ``scope``, ``progress`` and the resolved ``cfg``;
-    keep the newest ``keep``.  Returns the checkpoint's path.
+    keep the newest ``keep``.  Returns the checkpoint's path.  A parameter that is NaN or
+    infinite is a :class:`~kspipe.errors.NonFiniteError` naming it, and nothing is written.
 
     ``follows``: the folder of the checkpoints this one is a part of (a worker's own state
     beside the first worker's checkpoint): it keeps a part for as long as that folder may
@@ -82,6 +84,7 @@ def save(
             state, config = copy_state(program, scope), OmegaConf.to_yaml(cfg, resolve=True)
         else:
             state, config = copy_state(program, scope, writer.layout(program)), writer.config(cfg)
+        check_parameters(state[".pdparams"], f"at the checkpoint of step {step} (not written)")
 
     def write() -> None:
         with _written(tmp, final):

@@ -4,7 +4,11 @@ Adam's defaults, with the tests' workload (tests/plugins/bags) installed as a us
 * A loss gone NaN on one worker ends the job with one line naming the worker and the
   step, its MLflow run FAILED with no NaN recorded: ``mode=local``, ``mode=pserver`` (two
   workers, sync) and ``mode=collective`` (two workers).  A NaN reported from a thread of
-  the workload's own is raised when the execute stage returns.
+  the workload's own is raised when the execute stage returns.  A NaN or infinity in an
+  array reported (a numpy array, a 0-d one, a numpy scalar, a Paddle tensor) is one too.
+* A parameter gone NaN where no loss or metric shows it fails the run in one line naming
+  the parameter, FAILED: at a checkpoint (which is not written), and when training ends
+  (before the export), on any worker, whatever the workload (bags is a third party's).
 * Paddle 2.6.2's Adam with ``lazy_mode=False`` (its default) updates a table from a sparse
   gradient wrongly: it reads past the gradient's rows, so a rarely seen row's moments take
   NaN or huge values, and one run differs from the next.  ``role.embedding``'s table gets a
@@ -20,6 +24,7 @@ Adam's defaults, with the tests' workload (tests/plugins/bags) installed as a us
 import json
 import math
 import pickle
+import re
 import sqlite3
 from pathlib import Path
 
@@ -40,6 +45,9 @@ ADAM = [
     "bags.train_points=8192",
     "bags.epochs=8",
 ]
+
+#: A run of 48 steps, a checkpoint after each of its 3 epochs.
+SHORT = ["bags.train_points=1024", "bags.epochs=3", "bags.checkpoint_every=1"]
 
 
 def run(env, folder, *overrides):
@@ -107,6 +115,83 @@ def test_a_value_reported_from_another_thread_stops_the_run_when_the_stage_retur
         reporter.check({"test_auc": 0.5})
     with pytest.raises(NonFiniteError, match=r"^test_logloss is inf in the execute stage"):
         Reporter(hook, str(tmp_path)).check({"test_auc": 0.5, "test_logloss": math.inf})
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        (np.array([0.5, np.nan]), "holds nan (element [1]; 1 of its 2 values are not finite)"),
+        (np.array(np.inf), "is inf"),
+        (np.float32(-np.inf), "is -inf"),
+        (np.full((2, 3), np.nan), "holds nan (element [0, 0]; 6 of its 6 values are not finite)"),
+        ([0.25, math.nan], "holds nan (element [1]; 1 of its 2 values are not finite)"),
+    ],
+    ids=["array", "0-d", "numpy-scalar", "matrix", "list"],
+)
+def test_an_array_reported_with_a_non_finite_value_stops_the_run(tmp_path, value, said):
+    """A metric or a progress value that is an array (a fetched loss, an AUC's histogram)
+    is checked element by element, as a plain number is; one whose values are all finite
+    goes through as it is."""
+    from kspipe.errors import NonFiniteError
+    from kspipe.reporting import Reporter
+
+    recorder = testing.HookRecorder()
+    hook = testing.plugin_manager(recorder).hook
+    reporter = Reporter(hook, str(tmp_path))
+    reporter.metrics({"train_auc": np.array([0.5, 0.75]), "fetched": np.float32(2.0)}, step=1)
+    with pytest.raises(NonFiniteError, match=rf"^train_auc {re.escape(said)} at step 3$"):
+        reporter.metrics({"train_auc": value}, step=3)
+    with pytest.raises(NonFiniteError, match=rf"^loss {re.escape(said)} at train step 4$"):
+        Reporter(hook, str(tmp_path)).progress("train", 4, 10, {"loss": value})
+    np.testing.assert_array_equal(recorder.metrics()["train_auc"], [0.5, 0.75])
+
+
+def test_a_paddle_tensor_reported_with_a_nan_stops_the_run(tmp_path):
+    import paddle
+
+    from kspipe.errors import NonFiniteError
+    from kspipe.reporting import Reporter
+
+    reporter = Reporter(testing.plugin_manager(testing.HookRecorder()).hook, str(tmp_path))
+    with pytest.raises(NonFiniteError, match=r"^loss holds nan \(element \[2\]; 1 of its 3 "):
+        reporter.progress("train", 7, 10, {"loss": paddle.to_tensor([1.0, 2.0, math.nan])})
+
+
+@pytest.mark.parametrize(
+    "overrides, line, checkpoints",
+    [
+        (
+            ["bags.nan_parameter=out.b"],
+            "kspipe: error: parameter out.b is nan at the end of training",
+            ["checkpoint-0000002", "checkpoint-0000003"],
+        ),
+        (
+            ["bags.nan_parameter=table", "bags.nan_parameter_at=checkpoint"],
+            "kspipe: error: parameter table holds nan (element [0, 0]; 1 of its 800 values are "
+            "not finite) at the checkpoint of step 3 (not written)",
+            ["checkpoint-0000001", "checkpoint-0000002"],
+        ),
+        (
+            ["bags.nan_parameter=out.b", "bags.nan_worker=1", "mode=collective", "workers=2"],
+            "kspipe: error: worker 1: parameter out.b is nan at the end of training (its log: ",
+            ["checkpoint-0000002", "checkpoint-0000003"],
+        ),
+    ],
+    ids=["end", "checkpoint", "collective"],
+)
+def test_a_parameter_gone_nan_fails_the_run_naming_it(
+    bags_env, tmp_path, overrides, line, checkpoints
+):
+    """No loss or metric shows the NaN (it comes after the last step's loss, or after the
+    test metrics): the run fails at the checkpoint, whose folder is not written, or before
+    the export and metrics.json, its MLflow run FAILED.  On worker 1 of two the same."""
+    result = run(bags_env, tmp_path, *SHORT, *overrides)
+    testing.assert_one_line_error(result, line)
+    assert testing.run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
+    if "workers=2" not in overrides:  # the other worker's ended well, and wrote it
+        assert not (tmp_path / "run" / "metrics.json").exists()
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("checkpoint-*"))
+    assert kept == checkpoints
 
 
 @pytest.mark.parametrize(

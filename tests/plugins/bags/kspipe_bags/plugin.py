@@ -15,6 +15,9 @@ checkpoint, each worker's optimiser state of its own beside the first's
 (``checkpoints/worker-<i>/``), and ``resume=`` goes on from one on any number of workers
 that the global batch divides among: each takes its slice of every batch anew, and a
 worker the checkpoint has no state for starts from the first worker's.
+``bags.nan_parameter`` has worker ``bags.nan_worker`` write a NaN into that parameter
+when training ends (after its test metrics: no loss or metric shows it), or, with
+``bags.nan_parameter_at=checkpoint``, before its last checkpoint.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class BagsConfig:
     zipf: float = 0.0  # ids drawn from a Zipf law of this exponent (shifted to 0); 0: uniform
     nan_from: int = 0  # from this step on, worker nan_worker's targets are NaN; 0: never
     nan_worker: int = 0
+    nan_parameter: str = ""  # a parameter worker nan_worker makes NaN (table, out.w ...)
+    nan_parameter_at: str = "end"  # end: as execute returns; checkpoint: before the last one
     pause_at: int = 0  # at this step worker 0 works pause_seconds without training; 0: never
     pause_seconds: int = 0
     seed: int = 0
@@ -228,6 +233,8 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
             )
             seen += len(rows)
             reporter.progress("train", step, c.epochs * batches, {"loss": float(np.mean(loss))})
+        if c.nan_parameter_at == "checkpoint" and epoch + 1 == c.epochs:
+            spoil(cfg, role, scope)
         if c.checkpoint_every and (epoch + 1) % c.checkpoint_every == 0:
             save_checkpoint(cfg, role, programs.main, scope, reporter, epoch + 1)
     seconds = time.perf_counter() - started
@@ -250,7 +257,19 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
         with paddle.static.scope_guard(scope):
             paddle.static.save(programs.main, os.path.join(reporter.run_dir, "persistables"))
         reporter.metrics(metrics, step=c.epochs * batches)
+    if c.nan_parameter_at == "end":
+        spoil(cfg, role, scope)
     return metrics
+
+
+def spoil(cfg, role, scope) -> None:
+    """Worker ``bags.nan_worker``'s ``bags.nan_parameter`` (if set) takes a NaN."""
+    if not cfg.bags.nan_parameter or role.worker_index() != cfg.bags.nan_worker:
+        return
+    tensor = scope.find_var(cfg.bags.nan_parameter).get_tensor()
+    values = np.array(tensor)
+    values.flat[0] = np.nan
+    tensor.set(values, role.place())
 
 
 def save_checkpoint(cfg, role, program, scope, reporter, epoch: int) -> None:
