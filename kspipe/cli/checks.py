@@ -33,6 +33,16 @@ def check_experiments(args: list[str], extra_dirs: list[str]) -> None:
     known = available_experiments(extra_dirs)
     for override in read_overrides(args):
         if (
+            override.key_or_group == "experiment"
+            and not override.is_add()
+            and not override.is_delete()
+            and not override.package
+        ):
+            raise ConfigError(
+                f"{override.input_line}: an experiment is added to the config: "
+                f"+{override.input_line}"
+            )
+        if (
             override.key_or_group != "experiment"
             or override.package
             or override.is_delete()
@@ -82,17 +92,44 @@ def check_config(args: list[str], extra_dirs: list[str], schemas: dict | None = 
     import itertools
 
     from kspipe.config import compose
+    from kspipe.errors import ConfigError
 
     given = command_line_overrides(args)
     if given is None:
         return None
     overrides, multirun = given
     variants = sweep_variants(overrides) if multirun else [overrides]
-    composed = [
-        compose(variant, extra_dirs, schemas)
-        for variant in itertools.islice(variants, 1 + SWEEP_CHECKS)
-    ]
+    composed = []
+    for variant in itertools.islice(variants, 1 + SWEEP_CHECKS):
+        try:
+            composed.append(compose(variant, extra_dirs, schemas))
+        except ConfigError as err:
+            raise group_hint(err, variant, extra_dirs, schemas) from None
     return composed[0] if composed else None
+
+
+def group_hint(err, overrides: list[str], extra_dirs: list[str], schemas):
+    """``err``, an unknown top-level key (``meta_iters=10``), naming the key of a config
+    group it likely meant (``train.meta_iters=10``), where one group has it."""
+    from omegaconf import DictConfig
+
+    from kspipe.config import compose
+    from kspipe.errors import ConfigError
+
+    for given in overrides:
+        key, _, value = given.partition("=")
+        if "." in key or key[:1] in "+~" or not str(err).startswith(f"{given}: no such key"):
+            continue
+        others = [o for o in overrides if o != given]
+        try:
+            cfg = compose(others, extra_dirs, schemas)
+        except ConfigError:
+            return err
+        groups = [g for g in cfg if isinstance(cfg[g], DictConfig) and key in cfg[g]]
+        if groups:
+            meant = " or ".join(f"{g}.{key}={value}" for g in groups)
+            return ConfigError(f"{given}: no such key; did you mean {meant}?")
+    return err
 
 
 def check_run_folder(cfg, args: list[str]) -> None:
@@ -119,6 +156,31 @@ def check_run_folder(cfg, args: list[str]) -> None:
                 f"cannot make a run folder in {os.path.abspath(where)} (not "
                 f"writable): give one with run_dir=<folder>"
             )
+
+
+#: The launchers whose processes run elsewhere than on this host even when the command
+#: does not hand the job off: Slurm's steps, on the nodes of the allocation.
+LAUNCHED_ELSEWHERE = ("slurm",)
+
+
+def check_job_size(cfg, pm) -> None:
+    """A job too large is one line before anything starts (no run folder, no MLflow run,
+    no process): more workers than its workload has steps to share
+    (:func:`kspipe.config.size.check_work`); more processes than this host can hold
+    (:func:`kspipe.config.size.check_host`), where this host's launcher starts them (not
+    a scheduler's, nor a process a scheduler started as one role of a job)."""
+    from kspipe.cluster import environment
+    from kspipe.config import size, validate
+    from kspipe.pipeline import describe_workload, process_launcher
+
+    if cfg is None:
+        return
+    validate(cfg)  # workers and servers are counts or host:port lists
+    size.check_work(cfg, describe_workload(pm, cfg))
+    launcher = process_launcher(pm, cfg)
+    if environment.any_given() or launcher.name in LAUNCHED_ELSEWHERE or launcher.hands_off(cfg):
+        return
+    size.check_host(cfg)
 
 
 def help_text(

@@ -24,6 +24,12 @@ from kspipe.testing import assert_one_line_error, run_kspipe, run_statuses, tiny
         (["dataset.name=miniimagenet", "dataset.root=null"], ["has no embedded data set"]),
         (["dataset.name=miniimagenet"], ["has no 'train' folder"]),
         (["run_dir=/proc/kspipe-run"], ["run_dir=/proc/kspipe-run: cannot make the run folder"]),
+        # the common slips: an experiment set, not added; a group's key given at the top
+        (
+            ["experiment=omniglot_5way"],
+            ["experiment=omniglot_5way: an experiment is added", "+experiment=omniglot_5way"],
+        ),
+        (["meta_iters=10"], ["meta_iters=10: no such key; did you mean train.meta_iters=10?"]),
     ],
 )
 def test_bad_config(tmp_path, args, fragments):
