@@ -63,3 +63,13 @@ def test_a_command_whose_time_is_taken_runs_in_a_folder_of_its_own(tmp_path, tin
     assert run.endswith("-2") and os.path.isdir(run) and (tmp_path / run / "metrics.json").is_file()
     assert run[:-2] in {str(folder) for folder in taken}
     assert all(not any(folder.iterdir()) for folder in taken)
+
+
+def test_a_refused_job_leaves_no_empty_jobs_log(tmp_path):
+    """Hydra's job log (``jobs.log``) stayed empty in every run folder: kspipe says what it
+    has to on the console, so Hydra writes none."""
+    result = run_kspipe(
+        "+experiment=omniglot_5way", f"dataset.root={tmp_path / 'missing'}", cwd=tmp_path
+    )
+    assert "does not exist" in result.stderr, result.stderr[-3000:]
+    assert list(tmp_path.glob("outputs/**/jobs.log")) == []
