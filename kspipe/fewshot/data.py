@@ -25,6 +25,13 @@ from kspipe.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 
+#: What a data folder of each layout holds, as a refusal says it.
+SPLIT_LAYOUT = "train/, test/ (and val/) folders of class folders of images"
+OMNIGLOT_LAYOUT = (
+    "<alphabet>/<character>/*.png folders, as in Omniglot's images_background/ and "
+    "images_evaluation/, or " + SPLIT_LAYOUT
+)
+
 
 class ImageClass:
     """One class: a folder of images, sampled as float arrays in [0, 1] of shape (H, W, C).
@@ -143,7 +150,9 @@ class Open_KS_read:
                 splits.append([])
                 continue
             if not os.path.isdir(path):
-                raise DataError(f"data folder {data_dir} has no '{split}' folder")
+                raise DataError(
+                    f"data folder {data_dir} has no '{split}' folder (expected {SPLIT_LAYOUT})"
+                )
             splits.append(self._read_classes(path))
         return tuple(splits)
 
@@ -156,7 +165,10 @@ class Open_KS_read:
         ]
         classes = [c for c in classes if len(c)]
         if not classes:
-            raise DataError(f"no class folders with images in {dir_path}")
+            raise DataError(
+                f"no class folders with images in {dir_path} (expected <class>/*.png, .jpg "
+                f"or .jpeg)"
+            )
         return classes
 
 
@@ -185,12 +197,16 @@ def read_omniglot(
                         characters.append(character)
     if not characters:
         raise DataError(
-            f"no character folders with images in {root} (expected <alphabet>/<character>/*.png)"
+            f"data folder {root} is not an Omniglot data set: it has no character folders "
+            f"of images (expected {OMNIGLOT_LAYOUT})"
         )
     if len(characters) <= train_characters:
+        found = "character folder" + ("" if len(characters) == 1 else "s")
         raise DataError(
-            f"{root} has {len(characters)} characters; dataset.train_characters="
-            f"{train_characters} leaves none to test on"
+            f"data folder {root} has {len(characters)} {found} of images, and "
+            f"dataset.train_characters={train_characters} leaves none to test on "
+            f"(expected {OMNIGLOT_LAYOUT}; a smaller data set sets a smaller "
+            f"dataset.train_characters)"
         )
     order = np.random.default_rng(seed).permutation(len(characters))
     train = [characters[i] for i in order[:train_characters]]

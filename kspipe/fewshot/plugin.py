@@ -12,6 +12,7 @@ from kspipe.errors import ConfigError, DataError
 from kspipe.fewshot import kanji
 from kspipe.fewshot.config import DatasetConfig
 from kspipe.fewshot.data import (
+    SPLIT_LAYOUT,
     FewShotDataset,
     Open_KS_Character,
     Open_KS_ImageNet,
@@ -71,10 +72,7 @@ def kspipe_read_dataset(cfg, role):
     else:
         if not os.path.exists(root):
             raise DataError(f"data folder {root} does not exist")
-        raise DataError(
-            f"data folder {root} has no 'train' folder "
-            f"(expected train/, val/, test/ of class folders)"
-        )
+        raise DataError(f"data folder {root} has no 'train' folder (expected {SPLIT_LAYOUT})")
     if decoded_mib(train, val, test) <= data.preload_mib:
         preload_images(train, val, test, store=store)  # each image decoded once: verified too
     elif data.verify:

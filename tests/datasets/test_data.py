@@ -219,3 +219,19 @@ def test_a_store_keeps_the_decoded_images_for_the_next_run(tmp_path, monkeypatch
     renamed, _, renamed_test = read_omniglot(str(tmp_path), train_characters=2, seed=0)
     assert preload_images(renamed, renamed_test, store=store) == 12
     assert len(opened) == 12
+
+
+def test_a_folder_that_is_no_data_set_says_what_was_expected(tmp_path):
+    """A folder such as /tmp, which holds a few images somewhere, is refused with the
+    layouts it was read for, not only a count of what was found."""
+    write_images(tmp_path / "downloads" / "pictures", 3, 28, "L")
+    with pytest.raises(DataError) as refused:
+        read_omniglot(str(tmp_path), train_characters=1200, seed=0)
+    line = str(refused.value)
+    assert "\n" not in line and "1 character folder of images" in line
+    for expected in ("<alphabet>/<character>/*.png", "images_background/", "train/, test/"):
+        assert expected in line
+    with pytest.raises(DataError, match=r"no character folders .*expected <alphabet>"):
+        read_omniglot(str(tmp_path / "downloads" / "pictures"), train_characters=1, seed=0)
+    with pytest.raises(DataError, match=r"has no 'train' folder \(expected train/, test/"):
+        Open_KS_read().read_dataset(str(tmp_path / "downloads"))
