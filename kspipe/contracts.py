@@ -194,6 +194,10 @@ class Workload:
     :param groups: the config groups a run of it reads, which its MLflow run logs as params;
         empty: the command fills them in, every group but those of the stage plugins the
         run does not use (another workload's, another data set's).
+    :param steps: how many steps its training shares among the workers (Reptile: its
+        meta-iterations), and ``steps_key`` the setting that says so; a job of more
+        workers, one of which would get none, is refused before anything starts
+        (:func:`kspipe.config.size.check_work`).  0: not said.
     """
 
     name: str
@@ -205,6 +209,8 @@ class Workload:
     starts_from: bool = False
     resumes: bool = False
     groups: tuple = ()
+    steps: int = 0
+    steps_key: str = ""
 
     def shown(self) -> tuple:
         return self.summary or (self.headline, self.rate)

@@ -25,7 +25,13 @@ from kspipe.cli.arguments import (
     runs_a_job,
     swept,
 )
-from kspipe.cli.checks import check_config, check_experiments, check_run_folder, help_text
+from kspipe.cli.checks import (
+    check_config,
+    check_experiments,
+    check_job_size,
+    check_run_folder,
+    help_text,
+)
 from kspipe.cli.jobs import Jobs
 from kspipe.cli.process import fail, prepare_process, reader_gone
 from kspipe.cluster import environment
@@ -127,6 +133,7 @@ def checked_jobs(args: list[str]):
                 print(text)
                 return None
         if runs:
+            check_job_size(cfg, pm)  # before the run folder
             check_run_folder(cfg, args)
     except KspipeError as err:
         fail(err)

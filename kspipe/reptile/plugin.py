@@ -61,6 +61,8 @@ def kspipe_describe_workload(cfg):
         serving="kspipe.reptile.serving:FewShotModel",
         starts_from=True,
         resumes=True,
+        steps=cfg.train.meta_iters,  # the workers take turns at the meta-iterations
+        steps_key="train.meta_iters",
     )
 
 
