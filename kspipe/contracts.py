@@ -96,6 +96,12 @@ class Role(Protocol):
         embedding rows)}``) with fresh optimiser state; ``folder`` takes the files this
         needs (``init_from=``, :mod:`kspipe.checkpoint.incremental`)."""
 
+    def end_day_tables(self, folder: str) -> None:
+        """The first worker, after :meth:`settle_tables`, at a day's end: the tables age a
+        day (every row's unseen days up by one; ``folder`` takes the files this writes, and
+        is removed) and shrink (decay show and click, delete the rows their accessor's
+        thresholds say)."""
+
 
 @runtime_checkable
 class ParameterSync(Protocol):

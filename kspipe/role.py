@@ -186,6 +186,13 @@ class Role:
         for sync in self._syncs:
             sync.load(folder, _scope(scope))
 
+    def end_day_tables(self, folder: str) -> None:
+        """The first worker, after :meth:`settle_tables`, at a day's end: the tables kept
+        outside the workers' scopes age a day and shrink.  Here: none are."""
+        for sync in self._syncs:
+            if hasattr(sync, "end_day"):
+                sync.end_day(folder)
+
     def load_table_rows(self, rows: dict, folder: str) -> None:
         """Every worker calls it, after :meth:`init_worker`: the tables kept outside the
         workers' scopes get ``rows`` (``{table name: (ids, embedding rows)}``) with fresh

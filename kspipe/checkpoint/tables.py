@@ -107,10 +107,46 @@ def read_table_rows(folder: str) -> dict:
                         [values[1 + HEADER]] + values[1 + embedx_at : 1 + embedx_at + embedx]
                     )
         tables[name] = (
-            np.array(ids, np.int64),
+            np.array(ids, np.uint64),  # raw ids reach 2**64 - 1
             np.array(rows, np.float32).reshape(len(ids), embedx + 1),
         )
     return tables
+
+
+def table_ids(folder: str) -> dict:
+    """``{table name: the ids of its rows}`` (uint64) of every sparse table saved in
+    ``folder``, read from the first column of its shards (no row parsed)."""
+    import gzip
+
+    import numpy as np
+
+    saved = read_manifest(folder)
+    found = {}
+    for table_id, _, name, _, _, _ in (t for t in saved["layout"] if t[1] == SPARSE_TABLE):
+        shards = os.path.join(folder, f"{table_id:03d}")
+        ids = []
+        for file in sorted(os.listdir(shards)):
+            with gzip.open(os.path.join(shards, file), "rt") as lines:
+                ids.extend(int(line.split(" ", 1)[0]) for line in lines)
+        found[name] = np.array(ids, np.uint64)
+    return found
+
+
+def table_rows(folder: str) -> dict:
+    """``{table name: rows}`` of every sparse table saved in ``folder`` (lines counted)."""
+    import gzip
+
+    saved = read_manifest(folder)
+    counts = {}
+    for table_id, _, name, _, _, _ in (t for t in saved["layout"] if t[1] == SPARSE_TABLE):
+        shards = os.path.join(folder, f"{table_id:03d}")
+        counts[name] = 0
+        for file in os.listdir(shards):
+            with gzip.open(os.path.join(shards, file), "rb") as f:
+                counts[name] += sum(
+                    chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")
+                )
+    return counts
 
 
 def write_table_rows(folder: str, tables: dict, layout: list, rules: dict, servers: int) -> list:

@@ -17,6 +17,7 @@ from kspipe.contracts import Workload
 from kspipe.ctr.config import CtrConfig
 from kspipe.ctr.evaluation import evaluate, pull_tables
 from kspipe.ctr.model import build, fetch_vars
+from kspipe.ctr.tables import check_tables, report_collisions, server_tables
 from kspipe.ctr.training import train
 from kspipe.errors import check_integer, check_keys, check_number
 
@@ -60,6 +61,7 @@ def kspipe_check_config(cfg):
     for i, size in enumerate(cfg.ctr.hidden):
         check_integer(size, f"ctr.hidden[{i}]", 1)
     check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
+    check_tables(cfg)
     check_number(cfg.datafeed.print_period_s, "datafeed.print_period_s", 0, above=True)
     if cfg.train.checkpoint_minutes is not None:  # checked, though an epoch is ctr's unit
         check_number(cfg.train.checkpoint_minutes, "train.checkpoint_minutes", 0, above=True)
@@ -79,7 +81,8 @@ def kspipe_compile_program(cfg, role, programs):
         paddle.utils.unique_name.guard(),
         paddle.static.program_guard(programs.main, programs.startup),
     ):
-        role.distributed_optimizer(optimizer, feeding="dataset").minimize(programs.loss)
+        tables = {"tables": server_tables(cfg, sorted(programs.tables))}
+        role.distributed_optimizer(optimizer, tables, feeding="dataset").minimize(programs.loss)
         programs.main = programs.loss.block.program  # as the mode rewrote it
         programs.startup = paddle.static.default_startup_program()
     programs.test = programs.main.clone(for_test=True)._prune([programs.pred])
@@ -93,6 +96,8 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
 
     with paddle.static.scope_guard(scope):
         executor.run(programs.startup)
+    if cfg.ctr.ids == "raw" and not programs.raw_ids:  # ids hashed here, kept raw on servers
+        report_collisions(dataset, cfg.ctr.hash_size, reporter)
     start = start_from(cfg, programs.main, scope, reporter.run_dir, reporter)
     role.init_worker(scope)
     start.load_tables(role)
@@ -100,7 +105,7 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     role.finish_training(scope)
     if role.is_first_worker():
         metrics.update(evaluate(dataset, programs, executor, scope, reporter))
-        programs.export_scope = pull_tables(cfg, programs, executor, scope)
+        programs.export_scope = pull_tables(cfg, programs, executor, scope, role, reporter.run_dir)
         reporter.metrics(metrics, step=metrics["train_instances"])
     return metrics
 

@@ -15,6 +15,8 @@ import time
 import numpy as np
 
 from kspipe import checkpoint
+from kspipe.checkpoint.tables import MANIFEST, table_rows
+from kspipe.ctr import metrics as ctr_metrics
 from kspipe.errors import ConfigError
 from kspipe.files import user_path
 
@@ -50,6 +52,8 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     )
     names = list(programs.fetch)
     first_epoch = 0
+    accumulators = [programs.stat_pos, programs.stat_neg, *programs.sums]
+    totals = None  # the job's histograms and sums over every pass so far
     if cfg.resume:
         found = checkpoint.latest(user_path(cfg.resume))  # once: a newer one may come
         progress = checkpoint.load(programs.main, scope, found)
@@ -57,6 +61,9 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]
         printer.lines = progress.get("fetch_lines", 0)  # its steps go on from there
+        if progress.get("metric_totals") is not None:
+            totals = np.array(progress["metric_totals"], np.float64)
+        monitor.done = progress.get("instances", 0)
         reporter.say(
             f"resumed after epoch {first_epoch} from {cfg.resume} (tables loaded in "
             f"{time.perf_counter() - started:.2f} s)"
@@ -85,17 +92,33 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
             if dataset.kind == "in_memory":
                 files.release_memory()
             monitor.report(epoch_done=epoch + 1)
-            save_checkpoint(cfg, role, programs, scope, reporter, epoch + 1, writer, printer.lines)
+            monitor.done = monitor.seen()  # its counts are zeroed for the next pass
+            totals = pass_metrics(role, programs, scope, reporter, accumulators, epoch + 1, totals)
+            if cfg.ctr.shrink:  # an epoch is a day here
+                end_day(role, reporter)
+            save_checkpoint(
+                cfg,
+                role,
+                programs,
+                scope,
+                reporter,
+                epoch + 1,
+                writer,
+                printer.lines,
+                {"metric_totals": totals.tolist(), "instances": monitor.done},
+            )
     seconds = time.perf_counter() - started
-    auc = monitor.auc()
+    job = ctr_metrics.metrics(totals) if totals is not None else {"auc": 0.5}
     samples = per_epoch * (epochs - first_epoch)
     # all workers' samples over the slowest worker's time: the job's rate, waits included
     everyone = np.array([samples, seconds], np.float64)
     total, slowest = np.zeros_like(everyone), np.zeros_like(everyone)
     role.all_reduce_worker(everyone, total, "sum")
     role.all_reduce_worker(everyone, slowest, "max")
-    metrics = {
-        "train_auc": auc,
+    metrics = {f"train_{k}": v for k, v in job.items() if k != "auc"}
+    metrics.pop("train_instances", None)  # this run's, below
+    metrics |= {
+        "train_auc": job["auc"],
         "samples_per_s": float(total[0] / max(slowest[1], 1e-9)),
         "worker_samples_per_s": samples / max(seconds, 1e-9),
         "train_instances": samples,
@@ -105,8 +128,46 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     return metrics
 
 
+def pass_metrics(role, programs, scope, reporter, accumulators, step: int, totals):
+    """Every worker, at a pass's end: the job's metrics of the pass (every worker's
+    histograms and sums added, :mod:`kspipe.ctr.metrics`), logged by the first worker as
+    ``pass/<metric>`` at ``step``, and ``train_auc`` so far at the job's instances; each
+    worker's accumulators start again from zero.  Returns the totals with the pass's."""
+    state = ctr_metrics.local_state(scope, programs.stat_pos, programs.stat_neg, programs.sums)
+    state = ctr_metrics.job_state(role, state)
+    ctr_metrics.zero(scope, accumulators)
+    totals = state if totals is None else totals + state
+    if role.is_first_worker():
+        found = ctr_metrics.metrics(state)
+        reporter.metrics({f"pass/{k}": v for k, v in found.items()}, step=step)
+        so_far = ctr_metrics.metrics(totals)
+        reporter.metrics({"train_auc": so_far["auc"]}, step=so_far["instances"])
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in found.items() if k != "instances")
+        reporter.say(f"pass {step}: {found['instances']} instances on every worker, {shown}")
+    return totals
+
+
+def end_day(role, reporter) -> None:
+    """Every worker, at a day's end: the servers' tables age a day and shrink
+    (``role.end_day_tables``), once every worker's updates are in."""
+    role.settle_tables()
+    if role.is_first_worker():
+        started = time.perf_counter()
+        role.end_day_tables(os.path.join(reporter.run_dir, "day-end-tables"))
+        reporter.say(f"day's end: tables aged and shrunk in {time.perf_counter() - started:.2f} s")
+    role.barrier_worker()
+
+
 def save_checkpoint(
-    cfg, role, programs, scope, reporter, epoch: int, writer=None, fetch_lines: int = 0
+    cfg,
+    role,
+    programs,
+    scope,
+    reporter,
+    epoch: int,
+    writer=None,
+    fetch_lines: int = 0,
+    extra: dict | None = None,
 ) -> None:
     """Every worker calls it after an epoch: the first writes the checkpoint (with how many
     fetch lines were printed, so a resumed run's ``fetch_*`` steps go on), with the
@@ -127,13 +188,17 @@ def save_checkpoint(
             began = time.perf_counter()
             role.save_tables(folder)
             tables.append(time.perf_counter() - began)
+            if os.path.isfile(os.path.join(folder, MANIFEST)):  # the servers' tables
+                rows = table_rows(folder)
+                shown = {f"table/{name}/rows": count for name, count in rows.items()}
+                reporter.metrics(shown | {"table/rows": sum(rows.values())}, step=epoch)
 
         path = checkpoint.save(
             programs.main,
             scope,
             os.path.join(reporter.run_dir, "checkpoints"),
             epoch,
-            {"epoch": epoch, "fetch_lines": fetch_lines},
+            {"epoch": epoch, "fetch_lines": fetch_lines, **(extra or {})},
             cfg.train.keep_checkpoints,
             cfg=cfg,
             tables=save_tables,
@@ -174,7 +239,9 @@ def make_dataset(dataset):
 class Monitor:
     """Every ``period`` seconds while ``train_from_dataset`` runs, reads the instances seen
     and the running AUC from the AUC op's histograms (persistable, in the scope) and shows
-    them, with the printer's latest fetched values, in the progress line.
+    them, with the printer's latest fetched values, in the progress line; ``worker_auc``
+    is this worker's AUC of the pass so far (the job's, ``train_auc``, comes at each pass's
+    end: :func:`pass_metrics`).
     """
 
     def __init__(self, programs, scope, reporter, total: int, period: float, printer):
@@ -182,6 +249,7 @@ class Monitor:
         self.total, self.period, self.printer = total, period, printer
         self._stop = threading.Event()
         self._thread = None
+        self.done = 0  # this worker's instances of the passes before (their counts zeroed)
 
     def __enter__(self):
         self._stop.clear()
@@ -198,7 +266,9 @@ class Monitor:
             self.report()
 
     def seen(self) -> int:
-        return int(self._read(self.p.stat_pos).sum() + self._read(self.p.stat_neg).sum())
+        return self.done + int(
+            self._read(self.p.stat_pos).sum() + self._read(self.p.stat_neg).sum()
+        )
 
     def auc(self) -> float:
         return auc_from_histograms(self._read(self.p.stat_pos), self._read(self.p.stat_neg))
@@ -209,7 +279,7 @@ class Monitor:
         if epoch_done:
             shown["epoch"] = epoch_done
         self.reporter.progress("train", seen, self.total, shown)
-        self.reporter.metrics({"train_auc": auc}, step=seen)
+        self.reporter.metrics({"worker_auc": auc}, step=seen)  # this worker's, this pass
 
     def _read(self, name: str) -> np.ndarray:
         var = self.scope.find_var(name)

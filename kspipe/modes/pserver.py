@@ -152,7 +152,8 @@ class PserverRole(Role):
     def distributed_optimizer(self, optimizer, strategy=None, feeding: str = "executor"):
         self._gradients_for(optimizer)  # the tables of ``embedding``, fed by exe.run
         if feeding == "dataset":
-            return self._register(FleetTables(self, optimizer, self.resumed, self.run_dir))
+            tables = (strategy or {}).get("tables")  # fleet's sparse_table_configs, by name
+            return self._register(FleetTables(self, optimizer, self.resumed, self.run_dir, tables))
         return ExchangingOptimizer(self, optimizer, dict(self.cluster, **(strategy or {})))
 
     def parameter_sync(

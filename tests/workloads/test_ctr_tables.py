@@ -50,7 +50,9 @@ def on_servers(tmp_path_factory):
     return tmp, run
 
 
-CLUSTER = ["mode=pserver", "workers=2", "servers=2", "cluster.timeout_s=300"]
+#: hashed ids: a model that moves between one process and the servers keeps its rows (raw
+#: ids on the servers: test_ctr_sparse.py)
+CLUSTER = ["mode=pserver", "workers=2", "servers=2", "cluster.timeout_s=300", "ctr.ids=hashed"]
 
 
 def test_a_cluster_checkpoint_holds_every_servers_shard(on_servers):

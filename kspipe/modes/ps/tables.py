@@ -53,8 +53,16 @@ def pushes_counted(scope) -> float:
 class FleetTables(ParameterSync):
     """Fleet's own async transpiling, for workloads trained with ``train_from_dataset``."""
 
-    def __init__(self, role, optimizer, resumed: str | None = None, run_dir: str = "."):
+    def __init__(
+        self,
+        role,
+        optimizer,
+        resumed: str | None = None,
+        run_dir: str = ".",
+        tables: dict | None = None,
+    ):
         self.role, self._inner = role, optimizer
+        self.tables = tables or {}  # {table name: its TableParameter fields, as a dict}
         self.resumed = resumed  # the tables the job resumes from (their folder), if any
         self.run_dir = run_dir  # where tables saved by another number of servers are split
         self.connected = False
@@ -111,11 +119,15 @@ class FleetTables(ParameterSync):
         parameter servers).  With one shard a request is one task.  Clients send key k
         to server k % servers, so the keys still spread over every server.
         """
+        from google.protobuf import json_format
+
         servers = len(self.role.get_pserver_endpoints())
         for name in sorted(distributed_tables(program)):
             table = strategy.sparse_table_configs.add()
+            json_format.ParseDict(self.tables.get(name, {}), table)
             table.table_name = name
-            table.shard_num = servers
+            if not table.HasField("shard_num"):
+                table.shard_num = servers
 
     def connect(self, scope) -> None:
         import paddle
@@ -159,6 +171,25 @@ class FleetTables(ParameterSync):
                 f"its log), so the checkpoint was left incomplete"
             )
         write_manifest(folder, self.layout(), servers, self.rules(), self.pushes)
+
+    def end_day(self, folder: str) -> None:
+        """The first worker, at a day's end: every row ages a day (Paddle's only day clock:
+        a save of mode 3 writes every row into ``folder``, removed here, then adds one to
+        each row's unseen days), then each sparse table shrinks (its accessor decays show
+        and click by ``show_click_decay_rate`` and deletes rows scoring below
+        ``delete_threshold`` or unseen for more than ``delete_after_unseen_days``).  Fleet's
+        own ``shrink`` is not used: it meets the workers through gloo's barrier and its
+        threshold argument is ignored."""
+        worker = self.role.fleet.fleet._runtime_handle._worker
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        try:
+            worker.save_all_model(folder, 3)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        for table_id, kind, *_ in self.layout():
+            if kind == SPARSE_TABLE:
+                worker.shrink_sparse_table(table_id, 0)
 
     def load(self, folder: str, scope) -> None:
         """The tables saved in ``folder`` become the servers' (checked first); every worker
