@@ -1,7 +1,8 @@
 """``kspipe datafeed``: write and check MultiSlot files.
 
 kspipe datafeed generate OUT [--train-files 8 --test-files 2 --lines-per-file 5000 --seed 0]
-kspipe datafeed convert RECORDS --desc DESC --output DIR [--format csv|jsonl]
+kspipe datafeed convert RECORDS --desc DESC --output DIR [--format csv|jsonl|slot|criteo]
+    [--label-slot 1] (slot: the label's slot number; criteo writes its own DESC if missing)
 kspipe datafeed check --desc DESC FILE_OR_FOLDER...
 """
 
@@ -27,7 +28,9 @@ def main(argv: list[str]) -> int:
     conv.add_argument("records")
     conv.add_argument("--desc", required=True, help="the DataFeedDesc whose slots to write")
     conv.add_argument("--output", required=True, help="folder for part-NNNNN files")
-    conv.add_argument("--format", choices=("csv", "jsonl"), default=None)
+    conv.add_argument("--format", choices=("csv", "jsonl", "slot", "criteo"), default=None)
+    conv.add_argument("--label-slot", type=int, default=1, help="slot format: the label's slot")
+    conv.add_argument("--label", default="label", help="slot format: the desc's label slot")
     conv.add_argument("--lines-per-file", type=int, default=100_000)
     check = commands.add_parser("check", help="parse files as Paddle's reader would")
     check.add_argument("--desc", required=True)
@@ -56,9 +59,22 @@ def run(args) -> int:
     elif args.command == "convert":
         if args.lines_per_file < 1:
             raise ConfigError("--lines-per-file must be at least 1")
-        files = convert(
-            args.records, DataFeedDesc(args.desc), args.output, args.lines_per_file, args.format
-        )
+        if args.format in ("slot", "criteo"):
+            from kspipe.datafeed.convert import convert_log
+
+            files = convert_log(
+                args.records,
+                args.desc,
+                args.output,
+                args.format,
+                args.lines_per_file,
+                args.label,
+                args.label_slot,
+            )
+        else:
+            files = convert(
+                args.records, DataFeedDesc(args.desc), args.output, args.lines_per_file, args.format
+            )
         print(f"kspipe: wrote {len(files)} MultiSlot file(s) to {args.output}")
     else:
         desc = DataFeedDesc(args.desc)

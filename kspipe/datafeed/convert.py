@@ -60,6 +60,50 @@ def convert(
     return written
 
 
+def convert_log(
+    input_path: str,
+    desc_path: str,
+    output_dir: str,
+    fmt: str,
+    lines_per_file: int = 100_000,
+    label: str = "label",
+    label_slot: int = 1,
+) -> list[str]:
+    """MultiSlot files from a click log in PaddleRec's slot format or Criteo's TSV
+    (:mod:`kspipe.datafeed.formats`); for criteo, ``desc_path`` is written with its slots
+    when it does not exist.  Returns the files."""
+    from kspipe.datafeed.formats import CRITEO_DESC, lines_as_multislot
+
+    if fmt == "criteo" and not os.path.exists(desc_path):
+        desc = DataFeedDesc.from_text(CRITEO_DESC, desc_path)
+    else:
+        desc = DataFeedDesc(desc_path)
+    if fmt == "slot" and label not in {s.name for s in desc.slots}:
+        raise ConfigError(f"the desc {desc_path} has no label slot {label!r}")
+    os.makedirs(output_dir, exist_ok=True)
+    written, out, count = [], None, 0
+    try:
+        for values in lines_as_multislot(input_path, fmt, desc, label, label_slot):
+            if out is None or count == lines_per_file:
+                if out:
+                    out.close()
+                written.append(os.path.join(output_dir, f"part-{len(written):05d}"))
+                out, count = open(written[-1], "w"), 0
+            out.write(format_line(values, desc.slots) + "\n")
+            count += 1
+    except BaseException:
+        if out:
+            out.close()
+        for path in written:  # no half-converted data set is left to train on
+            os.remove(path)
+        raise
+    if out:
+        out.close()
+    if not written:
+        raise DataError(f"{input_path} has no records")
+    return written
+
+
 def _records(path: str, fmt: str):
     try:
         f = open(path, newline="")
