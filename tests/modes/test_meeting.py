@@ -7,6 +7,7 @@ import http.client
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from kspipe.cluster import secret
 from kspipe.cluster.endpoints import free_ports
 from kspipe.cluster.meeting import open_book
 from kspipe.errors import ClusterError, ConfigError
+from tests.kit.strangers import resetting, silent, threads_of
 
 SECRET = "cd" * 32
 
@@ -25,7 +27,8 @@ def job_secret(monkeypatch):
 
 @pytest.fixture
 def book(tmp_path):
-    """A book of a job of 2 processes, as :func:`open_book` starts it, its log kept."""
+    """A book of a job of 2 processes, as :func:`open_book` starts it, its log kept: its
+    port, its log's path, its process id."""
     (port,) = free_ports(1)
     log = open(tmp_path / "book.log", "w")
     started = subprocess.Popen(
@@ -35,7 +38,7 @@ def book(tmp_path):
         stderr=log,
     )
     assert started.stdout.readline() == b"ready\n"
-    yield port, tmp_path / "book.log"
+    yield port, tmp_path / "book.log", started.pid
     started.stdin.close()  # what the starter's exit does
     assert started.wait(timeout=10) == 0
     log.close()
@@ -58,7 +61,7 @@ def ask(port: int, method: str, path: str, body: bytes | None = None, headers=No
 
 
 def test_the_book_keeps_what_is_put_and_ends_with_its_starter(book):
-    book, _ = book
+    book, *_ = book
     assert ask(book, "GET", key("worker", 1))[0] == 404
     assert ask(book, "PUT", key("worker", 1), b"\x00address") == (200, b"")
     assert ask(book, "GET", key("worker", 1)) == (200, b"\x00address")
@@ -81,7 +84,7 @@ def test_strangers_reach_no_key_and_change_none(book):
     other job's prefix), a rank beyond the job's members, a value beyond the book's bound,
     garbage: each is refused, said in one line of the log (the first 20), and the job's keys
     stay as put."""
-    book, log = book
+    book, log, _ = book
     assert ask(book, "PUT", key("worker", 0), b"worker 0") == (200, b"")
     other = secret.token("gloo", {secret.SECRET_ENV: "ef" * 32})
     bare, long = ("/worker/0", "/_worker/0"), "/" + "x" * 9000
@@ -107,6 +110,42 @@ def test_strangers_reach_no_key_and_change_none(book):
     assert "Traceback" not in err and SECRET not in err
 
 
+def test_idle_strangers_hold_no_thread_and_delay_no_member(book):
+    """200 connections that say nothing (a thread each, and 180 threads at once, before):
+    the book runs no more threads than without them, and answers a member at once."""
+    book, log, pid = book
+    before = threads_of(pid)
+    strangers = silent(("127.0.0.1", book), 200)
+    try:
+        time.sleep(0.5)
+        began = time.monotonic()
+        assert ask(book, "PUT", key("worker", 0), b"worker 0") == (200, b"")
+        assert ask(book, "GET", key("worker", 0)) == (200, b"worker 0")
+        took = time.monotonic() - began
+        assert threads_of(pid) <= before, f"{threads_of(pid)} threads, {before} before"
+    finally:
+        for stranger in strangers:
+            stranger.close()
+    assert took < 1.0, f"a member waited {took:.1f} s"
+    assert "Traceback" not in log.read_text()
+
+
+def test_strangers_that_reset_their_connections_cost_a_line_each_at_most(book):
+    """100 strangers that send the start of a request and reset, and 100 that reset at once
+    (before, each of the first printed a traceback of socketserver's: 3,000 lines): no
+    traceback, at most one line each (the first 20 said), and the book answers on."""
+    book, log, _ = book
+    resetting(("127.0.0.1", book), 100, b"GET /" + key("worker", 0).encode())
+    resetting(("127.0.0.1", book), 100)
+    assert ask(book, "PUT", key("worker", 1), b"worker 1") == (200, b"")
+    err = log.read_text()
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) <= secret.LOGGED_REFUSALS, err
+    said = "kspipe: refused a connection to the gloo meeting point from 127.0.0.1:"
+    assert lines and all(line.startswith(said) for line in lines), lines
+
+
 def test_a_taken_port_is_one_line():
     with socket.create_server(("", 0)) as taken:
         port = taken.getsockname()[1]
@@ -123,7 +162,7 @@ def test_a_process_without_the_secret_starts_no_book(monkeypatch):
 def test_the_book_listens_on_the_jobs_address_alone(book):
     """Given an address this machine holds, the book takes its port there, not on every
     interface: 127.0.0.2, another of this machine's loopback addresses, is refused."""
-    book, _ = book
+    book, *_ = book
     with socket.create_connection(("127.0.0.1", book), timeout=5):
         pass
     with pytest.raises(OSError), socket.create_connection(("127.0.0.2", book), timeout=5):
@@ -170,7 +209,7 @@ def test_paddles_collective_world_meets_through_relays_among_strangers(capfd):
 def test_a_relay_puts_its_own_members_key_alone(book):
     """A member's relay (of rank 0) adds the job's prefix: it puts rank 0's key and reads
     any member's, and refuses to put another's or a path of its own choosing."""
-    book, _ = book
+    book, *_ = book
     relay = subprocess.Popen(
         [sys.executable, "-m", "kspipe.cluster.addresses", "relay", "127.0.0.1", str(book), "0"],
         stdin=subprocess.PIPE,

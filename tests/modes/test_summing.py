@@ -200,14 +200,15 @@ def test_a_recorded_greeting_is_refused(capfd):
     recorded = bytes(eavesdropper.heard[: greetings.GREETING_BYTES])
     assert len(recorded) == greetings.GREETING_BYTES
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        replay = socket.create_connection(listener.getsockname())
+        replay = socket.create_connection(listener.getsockname(), timeout=10)
         replay.sendall(recorded)
         worker = connect_later(listener.getsockname(), 0)
         taken = summing.accept_from(listener, 0)
-        worker["thread"].join(10)
-        assert summing.receive(taken, len(b"after the greeting")) == b"after the greeting"
         assert greetings.receive(replay, secret.NONCE_BYTES)  # its challenge, then closed
         assert replay.recv(1) == b""
+        worker["thread"].join(10)
+        taken.settimeout(10)
+        assert summing.receive(taken, len(b"after the greeting")) == b"after the greeting"
     for link in (taken, worker["link"], replay):
         link.close()
     err = capfd.readouterr().err
