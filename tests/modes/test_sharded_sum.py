@@ -18,7 +18,7 @@ from kspipe.cluster.addresses import AddressBook
 from kspipe.errors import ClusterError
 from kspipe.modes import summing
 from kspipe.modes.ps import sharded, summer
-from tests.kit.strangers import Eavesdropper, silent
+from tests.kit.strangers import Eavesdropper, resetting, silent
 from tests.kit.workers import Workers, in_worker_order
 
 
@@ -228,12 +228,35 @@ def test_a_stranger_at_a_summers_listener_changes_nothing(summers, capfd):
     ), refused
 
 
-def test_silent_strangers_before_the_workers_delay_no_total(summers):
-    """Strangers connected before the workers that say nothing (each waited for in turn, 10
-    s apiece, 3 of them delayed a round's first total 30.5 s): the workers' first totals
-    come back within a second."""
+def slow(address: tuple, count: int) -> list:
+    """``count`` connections that say a greeting's length a byte every 0.1 s (a thread)."""
+    strangers = silent(address, count)
+
+    def dribble() -> None:
+        for _ in range(greetings.GREETING_BYTES):
+            for stranger in strangers:
+                try:
+                    stranger.send(b"\x01")
+                except OSError:  # closed: its time was up
+                    pass
+            time.sleep(0.1)
+
+    threading.Thread(target=dribble, daemon=True).start()
+    return strangers
+
+
+@pytest.mark.parametrize("kind", ["silent", "slow", "resetting"])
+def test_strangers_before_the_workers_delay_no_total(summers, capfd, kind):
+    """Strangers connected before the workers that say nothing, say it slowly, or reset
+    their connections (before, each was waited for in turn, 10 s apiece: 3 silent ones
+    delayed a round's first total 30.5 s): the workers' first totals come back within a
+    second; a stranger costs one line of the log at most, and no traceback."""
     address = a_summer(summers, 3, 1000)
-    strangers = silent(address, 3)
+    strangers = []
+    if kind == "resetting":
+        resetting(address, 100, b"\x00" * 20)
+    else:
+        strangers = (silent if kind == "silent" else slow)(address, 3)
     began = time.monotonic()
     workers = greeted(address, range(3))
     round_trip(workers, 1000)
@@ -241,6 +264,10 @@ def test_silent_strangers_before_the_workers_delay_no_total(summers):
     for link in [*workers.values(), *strangers]:
         link.close()
     assert took < 1.0, f"the first total came {took:.1f} s after the workers greeted"
+    assert summers[0].wait(timeout=30) == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) <= secret.LOGGED_REFUSALS, err
 
 
 def test_a_stranger_who_keeps_connecting_holds_no_worker_out(summers):
