@@ -37,6 +37,11 @@ class DatafeedConfig:
     dense_slots: Optional[List[str]] = None  # slot names made dense (set_dense_slots)
     use_slots: Optional[List[str]] = None  # slot names marked used (set_use_slots)
     label: str = "label"  # the 0/1 uint64 slot that is the label
+    # format: multislot (Paddle's) | slot (PaddleRec's feasign:slot lines) | criteo (Criteo's
+    # raw TSV; desc null: its own slots): each worker converts its files into MultiSlot files
+    # in the run folder first (kspipe datafeed convert does it ahead)
+    format: str = "multislot"
+    label_slot: int = 1  # format=slot: the slot number whose feasign is the label
     threads: int = 2  # reader/training threads per worker (each reads whole files)
     dataset: str = "queue"  # queue: streamed from the files | in_memory: loaded and shuffled
     validate: bool = True  # parse every line in Python first, to name a bad file and line

@@ -104,6 +104,13 @@ def convert_log(
     return written
 
 
+def write_multislot(rows, desc: DataFeedDesc, path: str) -> None:
+    """Write each of ``rows`` (a slot's values each) as a MultiSlot line to ``path``."""
+    with open(path, "w") as out:
+        for values in rows:
+            out.write(format_line(values, desc.slots) + "\n")
+
+
 def _records(path: str, fmt: str):
     try:
         f = open(path, newline="")

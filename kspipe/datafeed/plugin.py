@@ -19,6 +19,7 @@ from kspipe.datafeed import generated
 from kspipe.datafeed.config import DatafeedConfig
 from kspipe.datafeed.desc import DataFeedDesc
 from kspipe.datafeed.files import FileCounts, parse_line, resolve_files, scan_files
+from kspipe.datafeed.formats import CRITEO_DESC, FORMATS
 from kspipe.errors import ConfigError, DataError, check_integer
 from kspipe.files import user_path
 from kspipe.reporting import say
@@ -58,7 +59,11 @@ def kspipe_check_config(cfg):
     d = cfg.datafeed
     if d.dataset not in DATASETS:
         raise ConfigError(f"datafeed.dataset={d.dataset!r} must be one of {', '.join(DATASETS)}")
-    if (d.desc is None) != (d.train_files is None):
+    if d.format not in FORMATS:
+        raise ConfigError(f"datafeed.format={d.format!r} must be one of {', '.join(FORMATS)}")
+    if d.format == "criteo" and d.train_files is None:
+        raise ConfigError("datafeed.format=criteo reads datafeed.train_files: set them")
+    if d.format != "criteo" and (d.desc is None) != (d.train_files is None):
         raise ConfigError(
             "datafeed.desc and datafeed.train_files go together: set both (and "
             "datafeed.test_files), or neither for the generated data set"
@@ -84,8 +89,15 @@ def check_files_per_worker(files: int, workers: int) -> None:
 @hookimpl
 def kspipe_read_dataset(cfg, role):
     d = cfg.datafeed
-    built = generated.cached(cfg) if d.desc is None else None
-    desc = DataFeedDesc(user_path(d.desc) if d.desc else os.path.join(built, generated.DESC_NAME))
+    built = generated.cached(cfg) if d.desc is None and d.format != "criteo" else None
+    converted = os.path.join(user_path(cfg.run_dir or "."), "converted")
+    if d.format == "criteo" and d.desc is None:
+        os.makedirs(converted, exist_ok=True)
+        desc = DataFeedDesc.from_text(CRITEO_DESC, os.path.join(converted, "criteo.prototxt"))
+    else:
+        desc = DataFeedDesc(
+            user_path(d.desc) if d.desc else os.path.join(built, generated.DESC_NAME)
+        )
     if d.batch_size is not None:
         desc.set_batch_size(d.batch_size)
     elif desc.batch_size < 1:
@@ -101,13 +113,21 @@ def kspipe_read_dataset(cfg, role):
     test = resolve_files(
         os.path.join(built, "test") if built else d.test_files, "datafeed.test_files"
     )
-    dataset = FileDataset(desc, label, dense_widths(desc, train), kind=d.dataset)
+    shapes = train  # the dense slots' widths: the first file's, as MultiSlot
+    if d.format != "multislot":  # each process its own copy (a host may run several)
+        shapes = as_multislot(d, desc, train[:1], converted, f"first-{os.getpid()}")
+    dataset = FileDataset(desc, label, dense_widths(desc, shapes), kind=d.dataset)
     if role.is_server():  # servers need the slots' shapes only
         return dataset
     check_files_per_worker(len(train), role.worker_num())
     dataset.training_data = training_data(built, desc.path, train, test)
     dataset.train_files = role.split_files(train)
     dataset.test_files = test
+    if d.format != "multislot":
+        part = f"train-{os.getpid()}"
+        dataset.train_files = as_multislot(d, desc, dataset.train_files, converted, part)
+        if role.is_first_worker():
+            dataset.test_files = as_multislot(d, desc, test, converted, "test")
     if d.validate:
         size = sum(os.path.getsize(p) for p in dataset.train_files) / 2**20
         say(
@@ -116,9 +136,27 @@ def kspipe_read_dataset(cfg, role):
         )
     dataset.train_counts = scan_files(dataset.train_files, desc, check=d.validate, label=label)
     if role.is_first_worker():  # it evaluates
-        dataset.test_counts = scan_files(test, desc, check=d.validate, label=label)
+        dataset.test_counts = scan_files(dataset.test_files, desc, check=d.validate, label=label)
     dataset.threads = reader_threads(d.threads, len(dataset.train_files))
     return dataset
+
+
+def as_multislot(d, desc, files: list, folder: str, part: str) -> list:
+    """``files`` (of ``datafeed.format``) converted into MultiSlot files in ``folder``,
+    one for each; a line that does not parse is one line naming its file and line."""
+    from kspipe.datafeed.convert import write_multislot
+    from kspipe.datafeed.formats import lines_as_multislot
+
+    out = os.path.join(folder, part)
+    os.makedirs(out, exist_ok=True)
+    written = []
+    for k, path in enumerate(files):
+        target = os.path.join(out, f"part-{k:05d}")
+        write_multislot(
+            lines_as_multislot(path, d.format, desc, d.label, d.label_slot), desc, target
+        )
+        written.append(target)
+    return written
 
 
 def training_data(built: str | None, desc: str, train: list, test: list) -> TrainingData:

@@ -133,3 +133,43 @@ def test_a_line_that_does_not_parse_is_one_line_naming_file_and_line(
     assert code != 0 and len(err) == 1, err
     assert f"{tmp_path / 'log'}:3: {fragment}" in err[0]
     assert not list((tmp_path / "out").glob("part-*"))  # nothing half converted is left
+
+
+def test_criteo_files_train_directly(tmp_path):
+    """datafeed.format=criteo: the raw TSV files train with no convert step (each worker
+    converts its own into the run folder); a bad line names the original file and line."""
+    import json
+
+    import numpy as np
+
+    from kspipe.testing import assert_one_line_error, begun_store, run_kspipe
+
+    rng = np.random.default_rng(0)
+    for folder, files in (("train", 2), ("test", 1)):
+        (tmp_path / folder).mkdir()
+        for f in range(files):
+            lines = []
+            for _ in range(100):
+                cats = [
+                    f"{rng.integers(0, 40):08x}" if rng.random() < 0.9 else "" for _ in range(26)
+                ]
+                ints = [str(rng.integers(0, 9)) if rng.random() < 0.8 else "" for _ in range(13)]
+                lines.append(criteo_line(int(cats[0] < "00000014"), ints, cats))
+            (tmp_path / folder / f"day-{f}").write_text("\n".join(lines) + "\n")
+    args = [
+        "+experiment=ctr_datafeed",
+        f"tracking.uri={begun_store(tmp_path)}",
+        "datafeed.format=criteo",
+        f"datafeed.train_files={tmp_path / 'train'}",
+        f"datafeed.test_files={tmp_path / 'test'}",
+        "datafeed.batch_size=32",
+        "ctr.epochs=1",
+    ]
+    result = run_kspipe(*args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["train_instances"] == 200 and metrics["test_instances"] == 100
+    bad = tmp_path / "train" / "day-1"
+    bad.write_text(bad.read_text() + "1\tnot criteo\n")
+    result = run_kspipe(*args, f"run_dir={tmp_path / 'bad'}", cwd=tmp_path)
+    assert_one_line_error(result, f"{bad}:101: 2 tab-separated fields")
