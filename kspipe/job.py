@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -95,17 +95,49 @@ def new_folder(name: str) -> str:
     made here (a folder is made once: two commands started in the same second get one
     each); the same folder each time this process asks for ``name`` from one place."""
     key = os.path.abspath(name)
-    if key not in _made:
-        os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
-        for n in itertools.count(1):
-            folder = name if n == 1 else f"{name}-{n}"
-            try:
-                os.mkdir(folder)
-            except FileExistsError:
-                continue
+    n = 1
+    while key not in _made:
+        folder = name if n == 1 else f"{name}-{n}"
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            n += 1
+        except FileNotFoundError:  # its date folder: new, or removed meanwhile (remove_unused)
+            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+        else:
             _made[key] = folder
-            break
     return _made[key]
+
+
+#: What Hydra writes into a run folder before the job begins (``hydra.output_subdir``).
+HYDRA_FILES = {".hydra"}
+
+
+def remove_unused(folder: str, own: bool = False) -> bool:
+    """Remove the run folder ``folder`` if this process made it (:func:`new_folder`, or
+    ``own``: a sweep's job's, which Hydra made for it) and nothing but Hydra's own files
+    (:data:`HYDRA_FILES`) is in it, the job refused before it wrote anything; then the
+    folders :func:`new_folder` made above it, if they are left empty.  Whether it was."""
+    folder = os.path.abspath(folder)
+    name = next((name for name, path in _made.items() if os.path.abspath(path) == folder), None)
+    if not own and name is None:
+        return False
+    try:
+        if set(os.listdir(folder)) - HYDRA_FILES:
+            return False
+        shutil.rmtree(folder)
+    except OSError:
+        return False
+    if name is not None:  # outputs/<date>/, then outputs/, if nothing else is there
+        del _made[name]
+        above = os.path.dirname(name)
+        for _ in range(2):
+            try:
+                os.rmdir(above)
+            except OSError:
+                break
+            above = os.path.dirname(above)
+    return True
 
 
 def requeued_checkpoint(cfg, run_dir: str, env=os.environ) -> str | None:

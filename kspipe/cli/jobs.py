@@ -8,6 +8,7 @@ import traceback
 
 from omegaconf import open_dict
 
+from kspipe import job as job_folders
 from kspipe.cli.process import fail, reader_gone
 from kspipe.errors import ClusterError, KspipeError, StorageError, first_line, print_error
 from kspipe.process import stopping
@@ -35,6 +36,8 @@ class Jobs:
         """Run one job; its value (the workload's headline metric) is what a hyperparameter
         search (``hydra/sweeper=optuna``) optimises.  A sweep's job that fails says so in
         one line and returns :class:`~kspipe.observers.sweep.JobFailed`: the others run.
+        A job refused before it wrote anything leaves no run folder (its MLflow run is made
+        just before its execute stage: it has none either).
         A search's trial that fails (for any error: one not the user's with its traceback)
         raises :class:`~kspipe.observers.sweep.TrialFailed`, which the sweeper records as a
         failed trial."""
@@ -73,6 +76,8 @@ class Jobs:
                 workload = dataclasses.replace(workload, groups=used_groups(self.pm, cfg))
             metrics = run(cfg, self.pm, workload)
         except KspipeError as err:
+            # refused before it wrote anything: its run folder goes (its run was never made)
+            job_folders.remove_unused(hydra_cfg.runtime.output_dir, own=sweep)
             if sweep:  # report, and let the other jobs run
                 job = job or str(hydra_cfg.job.num)
                 print_error(f"job {job}: {err}")

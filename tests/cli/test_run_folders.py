@@ -1,6 +1,6 @@
 """A command given no run folder gets one of its own, named by the time: two commands
 started in the same second never share one (their checkpoints and metrics would
-overwrite each other's)."""
+overwrite each other's); a command refused before its job started leaves none."""
 
 import os
 import subprocess
@@ -8,7 +8,15 @@ import sys
 import time
 from datetime import datetime, timedelta
 
-from kspipe.testing import run_kspipe, tiny_overrides
+from mlflow import MlflowClient
+
+from kspipe.testing import (
+    assert_one_line_error,
+    begun_store,
+    run_kspipe,
+    run_statuses,
+    tiny_overrides,
+)
 
 
 def test_processes_asking_at_once_for_one_name_each_get_a_folder(tmp_path):
@@ -73,3 +81,60 @@ def test_a_refused_job_leaves_no_empty_jobs_log(tmp_path):
     )
     assert "does not exist" in result.stderr, result.stderr[-3000:]
     assert list(tmp_path.glob("outputs/**/jobs.log")) == []
+
+
+def test_a_refused_command_leaves_no_run_folder_and_no_run(tmp_path):
+    """Its data refused in the dataset stage: the folder the command made for the run goes
+    (and the date folder above it), and no MLflow run is made; a folder the user named
+    stays."""
+    missing = f"dataset.root={tmp_path / 'missing'}"
+    store = f"tracking.uri={begun_store(tmp_path)}"
+    result = run_kspipe("+experiment=omniglot_5way", missing, store, cwd=tmp_path)
+    assert_one_line_error(result, "missing does not exist")
+    assert not (tmp_path / "outputs").exists()
+    named = tmp_path / "named"
+    result = run_kspipe(
+        "+experiment=omniglot_5way", missing, store, f"run_dir={named}", cwd=tmp_path
+    )
+    assert_one_line_error(result, "missing does not exist")
+    assert named.is_dir()
+    assert run_statuses(tmp_path / "mlflow.db") == []
+
+
+def test_a_refused_job_of_a_sweep_leaves_no_folder_and_the_sweep_its_record(tmp_path, tiny_data):
+    """A sweep's job refused (its data missing) has no run and no folder; the sweep's
+    other job, its parent run and its comparison are as they would be, and the sweep
+    fails naming the refused job.  (Its jobs in this process: an isolated job's process
+    is launched with its run made, test_sweeps.py.)"""
+    args = [
+        a
+        for a in tiny_overrides(tmp_path, tiny_data)
+        if not a.startswith(("run_dir=", "dataset.root="))
+    ]
+    result = run_kspipe(
+        "-m",
+        "+experiment=omniglot_5way",
+        *args,
+        f"dataset.root={tiny_data},{tmp_path / 'missing'}",
+        "train.meta_iters=1",
+        "eval.baseline=false",
+        "isolate=false",
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert (
+        "1 job(s) of the sweep failed" in result.stderr
+        and "missing does not exist" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "comparison"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("kspipe").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("kspipe.sweep") == "parent"]
+    children = [r for r in runs if r is not parent]
+    assert parent.info.status == "FAILED"
+    assert [c.info.status for c in children] == ["FINISHED"]
+    assert children[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
+    table = (sweep / "comparison" / "comparison.csv").read_text().splitlines()
+    assert len(table) == 2 and str(tiny_data) in table[1]

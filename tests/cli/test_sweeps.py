@@ -93,6 +93,8 @@ def test_a_failing_job_fails_its_child_and_the_parent_but_not_the_others(sweep):
     }
     assert parent.info.status == "FAILED"
     assert children == {"3": "FINISHED", "30": "FAILED"}
+    (failed,) = [c for c in found if c.info.status == "FAILED" and c is not parent]
+    assert failed.data.tags["kspipe.error"].startswith("task.ways=30 is more than")
 
 
 def test_a_sweep_stopped_mid_job_ends_its_parent_run_killed_not_running(tmp_path, tiny_data):

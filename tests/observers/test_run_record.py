@@ -1,12 +1,13 @@
 """What a run's MLflow record says it is: its name (the experiment and the overrides the
 user gave), its command line, the params of the config groups it reads only, and its
 logged model (MLflow 3's ``models:/m-...``) with the run's final metrics, not the
-baseline's."""
+baseline's; when it is made (a job refused before its execute stage has none), and why a
+job that failed after failed."""
 
 import pytest
 from mlflow import MlflowClient
 
-from kspipe.testing import run_kspipe, tiny_overrides
+from kspipe.testing import begun_store, compose_config, run_kspipe, tiny_overrides
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +59,50 @@ def test_a_run_logs_the_params_of_the_groups_it_reads_only(reptile_run):
     assert {"train", "task", "model", "eval", "dataset", "cluster", "tracking"} <= groups
     assert {"mode", "workers", "seed"} <= set(run.data.params)
     assert not groups & {"ctr", "datafeed", "classifier"}, sorted(groups)
+
+
+@pytest.mark.parametrize("failing", ["dataset", "execute"])
+def test_a_run_is_made_as_its_job_starts_and_keeps_why_it_failed(tmp_path, failing):
+    """A job refused before its execute stage (here its data): no run, nor its config in
+    the run folder.  A job that failed once it started (the execute stage) keeps the line
+    its user was told as the run's tag ``kspipe.error``; its system metrics and data set,
+    asked for before the run was made, are recorded in it."""
+    from kspipe.contracts import TrainingData, Workload
+    from kspipe.errors import DataError
+    from kspipe.observers.mlflow.tracking import MlflowTracker
+    from kspipe.role import Role
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    store = begun_store(tmp_path)
+    cfg = compose_config(
+        [
+            "+experiment=omniglot_5way",
+            f"tracking.uri={store}",
+            f"run_dir={run_dir}",
+            "tracking.system_metrics_interval=0.2",
+        ]
+    )
+    (tmp_path / "a.png").write_bytes(b"an image")
+    data = TrainingData("tiny", str(tmp_path), (str(tmp_path / "a.png"),))
+    tracker = MlflowTracker()
+    workload = Workload(name="reptile", headline="test_accuracy", rate="tasks_per_s")
+    tracker.kspipe_run_start(cfg=cfg, role=Role(), run_dir=str(run_dir), workload=workload)
+    for stage in ("dataset", "program", "compile", "execute"):
+        tracker.kspipe_before_stage(stage=stage, cfg=cfg)
+        if stage == failing:
+            break
+        result = type("Read", (), {"training_data": data})() if stage == "dataset" else None
+        tracker.kspipe_after_stage(stage=stage, cfg=cfg, result=result)
+    tracker.kspipe_run_error(cfg=cfg, error=DataError(f"{failing}: no good\nmore"))
+    client = MlflowClient(tracking_uri=store)
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    if failing != "execute":
+        assert found == [] and list(run_dir.iterdir()) == []
+        return
+    (run,) = found
+    assert run.info.status == "FAILED"
+    assert run.data.tags["kspipe.error"] == "execute: no good"
+    assert (run_dir / "config.yaml").is_file()
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["tiny"]
+    assert any(key.startswith("system/") for key in run.data.metrics), run.data.metrics

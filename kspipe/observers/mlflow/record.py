@@ -19,10 +19,16 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
+from kspipe.errors import ConfigError, KspipeError, first_line
 from kspipe.observers.mlflow import earlier_runs
 from kspipe.observers.mlflow.earlier_runs import new_run_tags, reopen, source_run_id
-from kspipe.observers.mlflow.store import driver_error, is_server, probe_server, shown
+from kspipe.observers.mlflow.store import (
+    driver_error,
+    is_server,
+    probe_server,
+    shown,
+    write_refused,
+)
 from kspipe.reporting import say
 
 
@@ -43,23 +49,35 @@ class Record:
         self.ended = False
         self.curve: dict[str, list] = {}
         self.sampler = None  # the job's process's system metrics, while it runs
+        self.unopened = None  # why the store could not be opened (said when the run opens)
 
     def prepare(self, uri: str) -> None:
         """Import what a store at ``uri`` needs, before the run is opened there."""
         with contextlib.suppress(Exception):  # opening the store will say what failed
             prepare(uri)
 
-    def open(self, uri: str, experiment: str, run_id: str | None, create: dict) -> tuple:
-        """The client on the store; the run ``run_id``, or, with ``run_id`` None, a new run
-        made as ``create`` says.  Returns (run id, experiment id)."""
+    def connect(self, uri: str, experiment: str) -> None:
+        """The client on the store (made or migrated, its experiment found or made) before
+        the run is made there; why it cannot be opened is said when the run is opened."""
         from omegaconf import OmegaConf
 
         from kspipe.observers.mlflow.store import client_for
 
-        self.client = client_for(
-            OmegaConf.create({"tracking": {"uri": uri, "experiment": experiment}})
-        )
         self.uri = uri
+        try:
+            self.client = client_for(
+                OmegaConf.create({"tracking": {"uri": uri, "experiment": experiment}})
+            )
+        except Exception as err:
+            self.unopened = err
+
+    def open(self, uri: str, experiment: str, run_id: str | None, create: dict) -> tuple:
+        """The client on the store; the run ``run_id``, or, with ``run_id`` None, a new run
+        made as ``create`` says.  Returns (run id, experiment id)."""
+        if self.client is None or self.uri != uri:
+            self.connect(uri, experiment)
+        if self.unopened is not None:
+            raise self.unopened
         if run_id is None:
             run_id = self.create(experiment, **create)
             self.owner = True
@@ -226,12 +244,11 @@ class Record:
         else:
             self.client.log_artifact(self.run_id, path, artifact_path)
 
-    def finish(
-        self, status: str, run_dir: str | None = None, headline: str = "", model: dict | None = None
-    ) -> str | None:
+    def finish(self, status: str, run_dir=None, headline="", model=None, error=None) -> str | None:
         """The learning curve, the MLflow model (``model``: log_model's arguments) and the
-        run's end, as its owner; the first worker of a cluster logs the curve only.
-        Returns a line to say, if the model could not be logged."""
+        run's end (a failed run's reason, ``error``, as its tag ``kspipe.error``), as its
+        owner; the first worker of a cluster logs the curve only.  Returns a line to say, if
+        the model could not be logged."""
         note = None
         self.stop_sampling()
         plot = self.draw(run_dir, headline)
@@ -240,6 +257,8 @@ class Record:
         if not self.owner:
             self.ended = True
             return None
+        if error:
+            self.client.set_tag(self.run_id, ERROR_TAG, error[:MAX_TAG])
         try:
             if model:
                 # the model's metrics at the step the run last logged them
@@ -262,6 +281,8 @@ class Record:
             self.end("FAILED")
 
 
+#: A failed run's reason, in one line (at most :data:`MAX_TAG` characters: MLflow's limit).
+ERROR_TAG, MAX_TAG = "kspipe.error", 5000
 #: The requests that end the run: with the tracking server gone, they fail in one line.
 ENDS = ("finish", "end", "abandoned")
 #: The requests dropped while the tracking server does not answer.
@@ -297,29 +318,6 @@ def portable(err: BaseException) -> BaseException:
     if isinstance(err, KspipeError):
         return err
     return KspipeError(f"MLflow: {first_line(driver_error(err))}")
-
-
-#: SQLite's answers when its file cannot be written: the disk, not the store, is at fault.
-SQLITE_REFUSALS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR")
-
-
-def write_refused(err: BaseException) -> str | None:
-    """Why a store on this machine's disks could not write, if the disk refused it (full,
-    read-only, failing: SQLite's own error, or an artifact's ``OSError``); else None.
-    kspipe's own errors (a store that cannot be opened) already say it."""
-    if isinstance(err, KspipeError):
-        return None
-    driver = driver_error(err)
-    if str(getattr(driver, "sqlite_errorname", "")).startswith(SQLITE_REFUSALS):
-        return first_line(driver)
-    seen, looked = err, set()
-    while seen is not None and id(seen) not in looked:  # causes can loop
-        looked.add(id(seen))
-        refused = storage_error(seen, "an artifact")
-        if refused is not None:
-            return str(refused)
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def ignore_stop_signals() -> None:

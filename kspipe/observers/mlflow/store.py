@@ -14,7 +14,7 @@ import errno
 import fcntl
 import os
 
-from kspipe.errors import ConfigError, KspipeError, first_line
+from kspipe.errors import ConfigError, KspipeError, first_line, storage_error
 from kspipe.files import user_path
 
 # MLflow 3 reports its use to MLflow's servers from a thread and writes an id of its own in
@@ -289,3 +289,26 @@ def driver_error(err: BaseException) -> BaseException:
             return orig
         seen = seen.__cause__
     return err
+
+
+#: SQLite's answers when its file cannot be written: the disk, not the store, is at fault.
+SQLITE_REFUSALS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR")
+
+
+def write_refused(err: BaseException) -> str | None:
+    """Why a store on this machine's disks could not write, if the disk refused it (full,
+    read-only, failing: SQLite's own error, or an artifact's ``OSError``); else None.
+    kspipe's own errors (a store that cannot be opened) already say it."""
+    if isinstance(err, KspipeError):
+        return None
+    driver = driver_error(err)
+    if str(getattr(driver, "sqlite_errorname", "")).startswith(SQLITE_REFUSALS):
+        return first_line(driver)
+    seen, looked = err, set()
+    while seen is not None and id(seen) not in looked:  # causes can loop
+        looked.add(id(seen))
+        refused = storage_error(seen, "an artifact")
+        if refused is not None:
+            return str(refused)
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -10,8 +10,11 @@ the MLflow model ``model`` with the run's final ``test_*`` metrics
 (:mod:`kspipe.observers.mlflow.serving`; registered as ``tracking.register`` if
 set, that version given the alias ``tracking.alias``), the data set it trained on as its
 input (the dataset stage's ``training_data``, :class:`kspipe.contracts.TrainingData`), and
-ends FINISHED, FAILED or KILLED; a job that Slurm requeues, or whose pod Kubernetes
-restarts, goes on in its earlier run (:mod:`kspipe.observers.mlflow.earlier_runs`).
+ends FINISHED, FAILED or KILLED, a failed run with its reason in one line (the tag
+``kspipe.error``); a job that Slurm requeues, or whose pod Kubernetes restarts, goes on in
+its earlier run (:mod:`kspipe.observers.mlflow.earlier_runs`).  A job that a process runs
+itself makes its run just before its execute stage: a job refused before (its data, its
+programs) leaves none.
 Unless ``tracking.system_metrics=false``, every process that plays a part in the job (the
 one of a local run; each worker and server of a cluster, as ``worker0``, ``server1``...) has
 its recorder sample its CPU, memory and network into the run every
@@ -37,7 +40,7 @@ from omegaconf import open_dict
 
 from kspipe import hookimpl, job
 from kspipe.contracts import Workload
-from kspipe.errors import ConfigError, check_number, first_line
+from kspipe.errors import ConfigError, KspipeError, check_number, first_line
 from kspipe.observers.mlflow.earlier_runs import JOB_TAG
 from kspipe.observers.mlflow.recorder import Recorder
 from kspipe.observers.mlflow.store import runs_page, tracking_uri
@@ -81,12 +84,13 @@ class MlflowTracker:
     """The tracking plugin; one instance per plugin manager.  The run's workload comes
     with ``kspipe_run_start``, as the pipeline described it once for the run.
 
-    The record is written by a :class:`~kspipe.observers.mlflow.recorder.Recorder` process, opened
-    beside the dataset and program stages: the execute stage waits for it (a store that
-    cannot be opened stops the job there, before training), a cluster job at once (its
-    processes inherit the run's id).  The first worker records the run (``records``); a
-    cluster's other processes have a recorder that only samples their system metrics, which
-    never stops or holds up their part in the job."""
+    The record is written by a :class:`~kspipe.observers.mlflow.recorder.Recorder` process,
+    which opens the store beside the dataset and program stages; the run is made just
+    before the execute stage, which waits for it (a store that cannot be opened stops the
+    job there, before training; a job refused before leaves no run), a cluster job's when
+    it launches its processes (they inherit the run's id).  The first worker records the
+    run (``records``); a cluster's other processes have a recorder that only samples their
+    system metrics, which never stops or holds up their part in the job."""
 
     def __init__(self):
         self.recorder: Recorder | None = None
@@ -95,6 +99,8 @@ class MlflowTracker:
         self.owner = False
         self.records = False  # this process records the run (else it only samples itself)
         self.workload: Workload | None = None
+        self.unmade = None  # (cfg, run_dir) of the run made before the execute stage
+        self.held: list = []  # the requests made before it (data set, system metrics)
 
     @hookimpl
     def kspipe_check_config(self, cfg):
@@ -106,6 +112,11 @@ class MlflowTracker:
             raise ConfigError(
                 f"tracking.alias={t.alias} names the model version tracking.register "
                 f"registers: set tracking.register=<name> too"
+            )
+        if t.get("register") and not t.get("model", True):
+            raise ConfigError(
+                f"tracking.register={t.register} registers the run's MLflow model, which "
+                f"tracking.model=false does not log"
             )
 
     @hookimpl
@@ -119,15 +130,19 @@ class MlflowTracker:
         if not self.records and not (samples and given):
             return
         self.owner = self.records and (not given or role.is_cluster_job)
-        create = self.new_run(cfg, run_dir) if self.owner else None
         self.recorder = Recorder.take()
-        self.recorder.ask(
-            "open",
-            tracking_uri(cfg),
-            cfg.tracking.experiment,
-            None if self.owner else given,
-            create,
-        )
+        if self.owner and not role.is_cluster_job:  # made before the execute stage
+            self.recorder.send("connect", tracking_uri(cfg), cfg.tracking.experiment)
+            self.unmade = (cfg, run_dir)
+        else:
+            create = self.new_run(cfg, run_dir) if self.owner else None
+            self.recorder.ask(
+                "open",
+                tracking_uri(cfg),
+                cfg.tracking.experiment,
+                None if self.owner else given,
+                create,
+            )
         if samples:
             interval = float(cfg.tracking.system_metrics_interval)
             self.request("system_metrics", os.getpid(), node_id(role), interval)
@@ -143,11 +158,6 @@ class MlflowTracker:
         on: :mod:`kspipe.observers.mlflow.earlier_runs`)."""
         from omegaconf import OmegaConf
 
-        if cfg.tracking.get("register") and not cfg.tracking.get("model", True):
-            raise ConfigError(
-                f"tracking.register={cfg.tracking.register} registers the "
-                f"run's MLflow model, which tracking.model=false does not log"
-            )
         tags = {
             "kspipe.mode": cfg.mode,
             "kspipe.run_dir": run_dir,
@@ -176,6 +186,20 @@ class MlflowTracker:
             "restart": restart,
         }
 
+    def make_run(self) -> None:
+        """Ask the recorder for the run this process makes, held since the run's start
+        (the job has not been refused), then for what was held with it."""
+        if self.unmade is None:
+            return
+        (cfg, run_dir), self.unmade = self.unmade, None
+        held, self.held = self.held, []
+        if self.recorder is None:
+            return
+        create = self.new_run(cfg, run_dir)
+        self.recorder.ask("open", tracking_uri(cfg), cfg.tracking.experiment, None, create)
+        for name, args in held:
+            self.request(name, *args)
+
     def opened(self) -> None:
         """Wait for the recorder to have opened the run (its error raised here)."""
         if self.recorder is not None and self.run_id is None:
@@ -193,6 +217,7 @@ class MlflowTracker:
     @hookimpl
     def kspipe_before_stage(self, stage, cfg):
         if stage == "execute" and self.records:
+            self.make_run()
             self.opened()
 
     @hookimpl
@@ -218,6 +243,9 @@ class MlflowTracker:
     def request(self, name: str, *args) -> None:
         if self.recorder is None:
             return
+        if self.unmade is not None:  # sent once the run is made
+            self.held.append((name, args))
+            return
         try:
             self.recorder.send(name, *args)
         except OSError as err:  # the recorder died: the job goes on
@@ -230,6 +258,7 @@ class MlflowTracker:
 
     @hookimpl
     def kspipe_run_end(self, cfg, metrics, run_dir):
+        self.make_run()
         self.opened()
         if self.recorder is None:
             return
@@ -267,13 +296,17 @@ class MlflowTracker:
 
     @hookimpl
     def kspipe_run_error(self, cfg, error):
+        if self.unmade is not None:  # refused before its execute stage: no run is made
+            self.close()
+            return
         try:
             self.opened()
         except Exception:  # the store never opened: there is no run to end
             return
         if self.recorder is None:
             return
-        self.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        self.finish(status, None, "", None, error_line(error))
 
     def finish(self, status: str, *args):
         """The run's end, told to the recorder and waited for; the recorder then stops."""
@@ -295,4 +328,14 @@ class MlflowTracker:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
-        self.recorder, self.run_id = None, None
+        self.recorder, self.run_id, self.unmade, self.held = None, None, None, []
+
+
+def error_line(error: BaseException) -> str:
+    """Why a run failed, as its tag ``kspipe.error`` keeps it: the one line the user was
+    told (a stop's signal; another error's type too)."""
+    if isinstance(error, KeyboardInterrupt):
+        return f"stopped by {getattr(error, 'name', 'SIGINT')}"
+    if isinstance(error, KspipeError):
+        return first_line(error)
+    return f"{type(error).__name__}: {first_line(error)}"
