@@ -7,6 +7,8 @@ leaves fails every other worker's round."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +17,7 @@ import pytest
 
 from kspipe.cluster import greetings, secret
 from kspipe.cluster.addresses import AddressBook
+from kspipe.cluster.endpoints import free_ports
 from kspipe.errors import ClusterError
 from kspipe.modes import summing
 from kspipe.modes.ps import sharded, summer
@@ -345,6 +348,87 @@ def test_a_worker_slow_to_take_its_totals_holds_back_no_other(summers):
     for link in links.values():
         link.close()
     assert summers[0].wait(timeout=30) == 0
+
+
+#: A stranger at the job's sockets mid-job, in a process of its own: to every port it is
+#: given, some 100 times a second, a connection left open (100 at most) and one reset
+#: after half a request.
+FLOOD = """
+import socket, struct, sys, time
+ports, idle = [int(p) for p in sys.argv[1:]], []
+while True:
+    for port in ports:
+        try:
+            if len(idle) < 100:
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+            stranger = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            continue
+        stranger.sendall(b"PUT /x" + bytes(54))
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stranger.close()
+    time.sleep(0.01)
+"""
+
+
+def test_strangers_mid_job_change_neither_sums_nor_round_times(monkeypatch, tmp_path, summers):
+    """Three workers' rounds, half along the chain, half through a summer: strangers that
+    hammer the job's gloo book (its own process, as server 0's child) and the chain's and
+    summer's ports (closed once every worker is in) change no total, and the rounds' median
+    time stays within the run-to-run spread."""
+    (port,) = free_ports(1)
+    book = subprocess.Popen(
+        [sys.executable, "-m", "kspipe.cluster.addresses", str(port), "127.0.0.1", "4"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "book.log", "w"),
+    )
+    assert book.stdout.readline() == b"ready\n"
+    monkeypatch.setenv("PADDLE_GLOO_RENDEZVOUS", "3")
+    monkeypatch.setenv("PADDLE_GLOO_HTTP_ENDPOINT", f"127.0.0.1:{port}")
+    job, size, rounds, flood = Job(3, 1), 200_000, 24, None
+    start_servers(job, size, summers)
+    arrays = [np.full(size, 10.0 ** (8 * w)) + np.arange(size) / 3 for w in range(3)]
+    expected, times, wrong = in_worker_order(arrays), [], []
+    joined = threading.Barrier(3, timeout=30)
+
+    def work(index: int) -> None:
+        total = sharded.worker_sum(job.role(index), size)
+        for r in range(rounds):
+            joined.wait()
+            began = time.monotonic()
+            result = total.sum(arrays[index])
+            if index == 0:
+                times.append(time.monotonic() - began)
+            if not np.array_equal(result, expected):
+                wrong.append((index, r))
+            if r == rounds // 2 - 1 and index == 0:  # the strangers come: half the rounds
+                nonlocal flood
+                summer_port = sharded.look_up(f"127.0.0.1:{port}", sharded.book_key(0))
+                ports = [port, int(summer_port), *(p for p in job.values if p)]  # the chain's
+                flood = subprocess.Popen([sys.executable, "-c", FLOOD, *map(str, ports)])
+                time.sleep(1.0)
+        total.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait()
+        book.stdin.close()
+        book.wait(timeout=10)
+    assert not wrong, wrong
+    quiet, visited = np.median(times[1 : rounds // 2]), np.median(times[rounds // 2 :])
+    assert visited < 2 * quiet + 0.02, (
+        f"rounds took {visited * 1e3:.1f} ms, {quiet * 1e3:.1f} before"
+    )
+    log = (tmp_path / "book.log").read_text()
+    assert "Traceback" not in log and 0 < len(log.splitlines()) <= secret.LOGGED_REFUSALS
 
 
 @pytest.mark.parametrize("leaves", ["at once", "after its slices", "the server ends"])
