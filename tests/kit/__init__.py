@@ -8,6 +8,8 @@
 * :mod:`tests.kit.adaptation`: what a Reptile run's served model must answer;
 * :mod:`tests.kit.slurm`: a Slurm cluster on loopback (or on emulated hosts);
 * :mod:`tests.kit.workers`: a job's workers as threads, for the sums over them;
+* :mod:`tests.kit.strangers`: strangers at kspipe's sockets (silent, resetting, an
+  eavesdropper who replays), and a process's thread count;
 * :mod:`tests.kit.disks`: a disk that fills, one that is read-only (root only);
 * :mod:`tests.kit.setups`: which of Slurm, Chromium and mountable disks must work on this
   machine, and why one is missing;
