@@ -9,9 +9,11 @@ says how to apply it.  The operator starts one pod per server (``spec.ps``) and 
 ``kspipe <overrides>`` as the command that wrote the manifest, with ``cluster.job_id`` the
 job's name, so its processes share one run folder, ``outputs/job-<name>`` (kspipe/job.py):
 give the pods a shared volume as their working folder (or ``run_dir=`` on one) and a
-``tracking.uri`` they all reach.  A pod that starts again under the same manifest (the
-manifest applied again, or a pod restarted by a policy of the user's) records into the
-job's MLflow run (:mod:`kspipe.observers.mlflow.earlier_runs`).
+``tracking.uri`` they all reach: a job whose record or run folder would stay in each pod's
+own working folder, deleted with the pods, is said in one line (:func:`lost_results`).  A
+pod that starts again under the same manifest (the manifest applied again, or a pod
+restarted by a policy of the user's) records into the job's MLflow run
+(:mod:`kspipe.observers.mlflow.earlier_runs`).
 
 The pods share the job's secret (:mod:`kspipe.cluster.secret`) through a Kubernetes
 Secret, ``<name>-kspipe``, that the manifest's containers read as ``KSPIPE_JOB_SECRET``;
@@ -36,6 +38,7 @@ from kspipe.cluster.secret import SECRET_ENV
 from kspipe.errors import ConfigError
 from kspipe.job import JOB_TOKEN_ENV
 from kspipe.launchers.processes import ProcessLauncher
+from kspipe.reporting import say
 
 API_VERSION = "batch.paddlepaddle.org/v1"
 #: The key of the job's Kubernetes Secret that holds its secret.
@@ -58,6 +61,9 @@ class PaddleJobLauncher(ProcessLauncher):
                 f"job when a pod fails); apply it again with resume=<its run folder>"
             )
         path, name = write(cfg, overrides, cfg.run_dir)
+        lost = lost_results(cfg, overrides, name)
+        if lost:
+            say(f"warning: {lost}")
         return (
             f"wrote the PaddleJob {path}; make its secret with {secret_command(name)}, "
             f"then start it with kubectl apply -f {path}"
@@ -128,6 +134,43 @@ def manifest(cfg, overrides: list[str], name: str) -> dict:
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+def lost_results(cfg, overrides: list[str], name: str) -> str | None:
+    """Where the job's results would be lost, if its pods keep them in their own working
+    folders (a relative path: each pod has its own, which ``cleanPodPolicy: OnCompletion``
+    deletes with the pod): its MLflow store (``tracking.uri``, a SQLite file by default),
+    its run folder (``run_dir=`` as the pods are given it, else ``outputs/job-<name>``).
+    An absolute path is taken for a volume the pods share; a tracking server for one
+    every pod reaches.  None if nothing is lost."""
+    lost, hints = [], []
+    uri = str(cfg.tracking.get("uri") or "sqlite:///mlflow.db")
+    if cfg.tracking.enabled and in_pod(uri):
+        lost.append(f"its own SQLite store (tracking.uri={uri})")
+        hints.append("tracking.uri=<a tracking server>")
+    given = [o.partition("=")[2] for o in overrides if o.lstrip("+~").startswith("run_dir=")]
+    run_dir = given[-1] if given else f"outputs/job-{name}"
+    if not os.path.isabs(run_dir):
+        lost.append(f"its own run folder ({run_dir})")
+        hints.append("run_dir=<a folder on a volume every pod mounts>")
+    if not lost:
+        return None
+    return (
+        f"the PaddleJob's results would be lost with its pods: each keeps "
+        f"{' and '.join(lost)} in its working folder, deleted with the pod "
+        f"(cleanPodPolicy: OnCompletion); give {' and '.join(hints)}"
+    )
+
+
+def in_pod(uri: str) -> bool:
+    """Whether an MLflow store at ``uri`` would be a file in a pod's working folder."""
+    scheme, colon, rest = uri.partition(":")
+    if not colon:
+        return not os.path.isabs(uri)
+    if scheme in ("sqlite", "file"):
+        path = rest.removeprefix("///") if scheme == "sqlite" else rest.removeprefix("//")
+        return not os.path.isabs(path)
+    return False  # a tracking server, or a database every pod reaches
 
 
 def secret_name(name: str) -> str:
