@@ -134,28 +134,38 @@ def check_declared(cfg, workload) -> None:
     """A run that asks its workload for what it does not declare is refused, not run as if
     it had been asked nothing: ``init_from`` without ``starts_from``; ``resume``, or a job
     that a restart would start again from its latest checkpoint, without ``resumes``.  (A
-    job Slurm requeued has its ``resume`` set by :func:`prepare`, before this check.)"""
+    job Slurm requeued has its ``resume`` set by :func:`prepare`, before this check.)
+    These rules are new in kspipe 0.2.0: the line tells a plugin built for an older
+    kspipe what to declare."""
     if cfg.get("init_from") and not workload.starts_from:
         raise ConfigError(
-            f"init_from={cfg.init_from}: the {workload.name} workload does not "
-            f"start from a saved model (its execute stage would have to call "
-            f"kspipe.checkpoint.incremental.start_from)"
+            undeclared(f"init_from={cfg.init_from}", workload, "starts_from", "given init_from=")
+            + "calls kspipe.api.start_from"
         )
     if workload.resumes:
         return
+    loads = "loads the checkpoint resume= names (kspipe.api.load_checkpoint)"
     if cfg.get("resume"):
         raise ConfigError(
-            f"resume={cfg.resume}: the {workload.name} workload does not resume from a "
-            f"checkpoint (its execute stage would have to load the one resume= names with "
-            f"kspipe.checkpoint.load, and its workload declare resumes=True)"
+            undeclared(f"resume={cfg.resume}", workload, "resumes", "given resume=") + loads
         )
     restarts = int(cfg.cluster.get("max_restarts") or 0) if cfg.get("cluster") else 0
     if restarts > 0:
         raise ConfigError(
-            f"cluster.max_restarts={restarts}: the {workload.name} workload does not resume "
-            f"from a checkpoint, so a restart would start it over from nothing; set "
-            f"cluster.max_restarts=0"
+            undeclared(f"cluster.max_restarts={restarts}", workload, "resumes", "a restart resumes")
+            + f"{loads}; else set cluster.max_restarts=0 (it would start over from nothing)"
         )
+
+
+def undeclared(setting: str, workload, flag: str, asked: str) -> str:
+    """The start of the one line that refuses ``setting`` to a workload that does not
+    declare ``flag``: a rule new in kspipe 0.2.0 (CHANGELOG.md), said so for a plugin built
+    for an older kspipe; the caller ends it with what the execute stage must do."""
+    return (
+        f"{setting}: the {workload.name} workload does not declare {flag}=True, which "
+        f"kspipe asks since 0.2.0 of a workload {asked} (CHANGELOG.md); a plugin built for "
+        f"an older kspipe declares Workload({flag}=True) if its execute stage "
+    )
 
 
 def stage_caller(pm: PluginManager, stage: str, plugin_name: str):

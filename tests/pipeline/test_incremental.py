@@ -158,17 +158,37 @@ def test_a_workload_that_does_not_resume_refuses_resume_and_restarts(tmp_path):
     with pytest.raises(ConfigError) as refused:
         checked(tmp_path, "stages.program=still", f"resume={tmp_path}")
     assert str(refused.value) == (
-        f"resume={tmp_path}: the still workload does not resume from a checkpoint (its "
-        f"execute stage would have to load the one resume= names with kspipe.checkpoint.load, "
-        f"and its workload declare resumes=True)"
+        f"resume={tmp_path}: the still workload does not declare resumes=True, which kspipe "
+        f"asks since 0.2.0 of a workload given resume= (CHANGELOG.md); a plugin built for an "
+        f"older kspipe declares Workload(resumes=True) if its execute stage loads the "
+        f"checkpoint resume= names (kspipe.api.load_checkpoint)"
     )
     with pytest.raises(ConfigError) as refused:
         checked(tmp_path, "stages.program=still", "mode=pserver", "cluster.max_restarts=1")
-    assert str(refused.value) == (
-        "cluster.max_restarts=1: the still workload does not resume from a checkpoint, so a "
-        "restart would start it over from nothing; set cluster.max_restarts=0"
+    assert str(refused.value).startswith(
+        "cluster.max_restarts=1: the still workload does not declare resumes=True, which "
+        "kspipe asks since 0.2.0 of a workload a restart resumes (CHANGELOG.md); "
+    )
+    assert str(refused.value).endswith(
+        "; else set cluster.max_restarts=0 (it would start over from nothing)"
     )
     assert not checked(tmp_path, "stages.program=still", "cluster.max_restarts=0").resumes
+
+
+def test_a_plugin_built_for_an_older_kspipe_is_told_what_the_new_rule_asks():
+    """init_from= asks starts_from=True since 0.2.0: the line says so, and what to declare."""
+    from omegaconf import OmegaConf
+
+    from kspipe.pipeline import check_declared
+
+    with pytest.raises(ConfigError) as refused:
+        check_declared(OmegaConf.create({"init_from": "/runs/a"}), Workload("old", "", ""))
+    assert str(refused.value) == (
+        "init_from=/runs/a: the old workload does not declare starts_from=True, which kspipe "
+        "asks since 0.2.0 of a workload given init_from= (CHANGELOG.md); a plugin built for "
+        "an older kspipe declares Workload(starts_from=True) if its execute stage calls "
+        "kspipe.api.start_from"
+    )
 
 
 def test_a_workload_that_resumes_is_given_resume_and_restarts(tmp_path):
@@ -214,16 +234,20 @@ def test_the_classifier_refuses_resume_and_restarts_before_any_process_starts(tm
         (
             "resumed",
             [f"resume={tmp_path}"],
-            f"resume={tmp_path}: the classifier workload does not resume from a checkpoint "
-            f"(its execute stage would have to load the one resume= names with "
-            f"kspipe.checkpoint.load, and its workload declare resumes=True)",
+            f"resume={tmp_path}: the classifier workload does not declare resumes=True, "
+            f"which kspipe asks since 0.2.0 of a workload given resume= (CHANGELOG.md); a "
+            f"plugin built for an older kspipe declares Workload(resumes=True) if its "
+            f"execute stage loads the checkpoint resume= names (kspipe.api.load_checkpoint)",
         ),
         (
             "restarted",
             ["mode=pserver", "workers=2", "cluster.max_restarts=1"],
-            "cluster.max_restarts=1: the classifier workload does not resume from a "
-            "checkpoint, so a restart would start it over from nothing; set "
-            "cluster.max_restarts=0",
+            "cluster.max_restarts=1: the classifier workload does not declare "
+            "resumes=True, which kspipe asks since 0.2.0 of a workload a restart resumes "
+            "(CHANGELOG.md); a plugin built for an older kspipe declares "
+            "Workload(resumes=True) if its execute stage loads the checkpoint resume= "
+            "names (kspipe.api.load_checkpoint); else set cluster.max_restarts=0 (it "
+            "would start over from nothing)",
         ),
     ):
         run_dir = tmp_path / name
@@ -232,4 +256,4 @@ def test_the_classifier_refuses_resume_and_restarts_before_any_process_starts(tm
         )
         assert_one_line_error(result)
         assert result.stderr.strip().splitlines() == [f"kspipe: error: {line}"], result.stderr
-        assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "jobs.log"]
+        assert sorted(p.name for p in run_dir.iterdir()) == [".hydra"]
