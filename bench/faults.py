@@ -17,7 +17,8 @@ removed), injects it there, and checks:
   parameters of the uninterrupted job (bit for bit for sync and collective, whose sums run
   in a fixed order; async and geo within 3x the largest difference between two
   uninterrupted runs of theirs, plus 1e-6: their updates race), no process of the job left;
-* out of restarts (the second trial of every four runs with none): exit not 0, one ``kspipe: error:``
+* out of restarts (the second trial of every four runs with none): exit not 0, one
+  ``kspipe: error:``
   line naming the process, one FAILED run, within 30 s of the fault (a SIGSTOP: 30 s after
   the stall watch's ``cluster.stall_seconds``, 20 s here); a removed checkpoint is no
   process's fault: the job finishes.
@@ -31,7 +32,6 @@ table of BENCHMARKS.md ("Faults"); the suite runs a seeded handful
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pickle
@@ -39,7 +39,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,54 +49,21 @@ import numpy as np
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(CHECKOUT))
 
-from kspipe.testing import run_statuses, tiny_omniglot, tiny_overrides  # noqa: E402
+from fault_sites import (  # noqa: E402
+    EVERY,
+    ITERATIONS,
+    KINDS,
+    STALL_S,
+    Processes,
+    launched,
+    processes,
+)
 
-ITERATIONS, EVERY, KEEP, STALL_S = 24, 4, 2, 20
-KINDS = {
-    "sync": ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=sync"],
-    "sync-3": ["mode=pserver", "workers=3", "servers=1", "cluster.strategy=sync"],
-    "async": ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=async"],
-    "geo": ["mode=pserver", "workers=2", "servers=1", "cluster.strategy=geo", "cluster.k_steps=2"],
-    "collective": ["mode=collective", "workers=2"],
-}
+from kspipe.testing import run_statuses, tiny_omniglot  # noqa: E402
+
 EXACT = {"sync", "sync-3", "collective"}
 MOMENTS = ["start-up", "first steps", "mid-training", "checkpoint write", "after last", "final"]
-FAULTS = ["SIGKILL", "SIGSTOP", "checkpoint removed"]
 JOB_TIMEOUT_S = 420
-
-
-def overrides(kind: str, folder: Path, data: Path, restarts: int) -> list[str]:
-    return [
-        "+experiment=omniglot_5way",
-        *tiny_overrides(folder, data),
-        *KINDS[kind],
-        f"train.meta_iters={ITERATIONS}",
-        f"train.checkpoint_every={EVERY}",
-        f"train.keep_checkpoints={KEEP}",
-        "eval.interval=0",
-        "eval.baseline=false",
-        f"cluster.max_restarts={restarts}",
-        f"cluster.stall_seconds={STALL_S}",
-    ]
-
-
-def start(kind: str, folder: Path, data: Path, restarts: int, slurm=None) -> subprocess.Popen:
-    """The job, started by kspipe's own launcher, or by ``salloc`` (``slurm``: the local
-    Slurm's environment) as job steps of an allocation of one task a process."""
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "kspipe.cli.command", *overrides(kind, folder, data, restarts)]
-    if slurm is not None:
-        counts = [o.partition("=")[2] for o in KINDS[kind] if o.startswith(("workers", "servers"))]
-        tasks = sum(int(n) for n in counts)
-        command = ["salloc", "-n", str(tasks), "--quiet", *command, "cluster.launcher=slurm"]
-    return subprocess.Popen(
-        command,
-        env=dict(os.environ, **(slurm or {})),
-        cwd=folder,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def final_weights(run_dir: Path) -> dict:
@@ -109,38 +75,6 @@ def final_weights(run_dir: Path) -> dict:
 def distance(a: dict, b: dict) -> float:
     """The largest absolute difference between two sets of parameters."""
     return max(float(np.max(np.abs(np.asarray(a[n]) - np.asarray(b[n])))) for n in a)
-
-
-def processes(run_dir: Path) -> list[int]:
-    """The job's processes still running (every role runs ``kspipe.cli.worker <run_dir>``)."""
-    out = subprocess.run(
-        ["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True, text=True
-    ).stdout.split()
-    return [int(pid) for pid in out]
-
-
-def role_pid(run_dir: Path, role: str, index: int) -> int | None:
-    """The pid of the job's ``role`` ``index`` (a worker, the server, the server's shard
-    summer), if it runs (the role itself, not the ``srun`` that started it)."""
-    if role == "summer":
-        server = role_pid(run_dir, "server", 0)
-        out = subprocess.run(
-            ["pgrep", "-P", str(server or 0), "-f", "kspipe.modes.ps.summer"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        return int(out[0]) if out else None
-    for pid in processes(run_dir):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"srun"):
-                continue
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        server = b"TRAINING_ROLE=PSERVER" in env
-        if server if role == "server" else f"PADDLE_TRAINER_ID={index}".encode() in env:
-            return pid
-    return None
 
 
 def text(path: Path) -> str:
@@ -169,7 +103,7 @@ def reached(moment: str, run_dir: Path) -> bool:
     return "evaluat" in first_log.rpartition("meta-train")[2]  # the final evaluation
 
 
-def inject(fault: str, role: str, index: int, run_dir: Path) -> str | None:
+def inject(site, fault: str, role: str, index: int, run_dir: Path) -> str | None:
     """The fault, now; what it hit (None: nothing to hit yet, or any more)."""
     if fault == "checkpoint removed":
         found = sorted(p for p in (run_dir / "checkpoints").glob("checkpoint-*") if not p.suffix)
@@ -177,21 +111,16 @@ def inject(fault: str, role: str, index: int, run_dir: Path) -> str | None:
             return None
         shutil.rmtree(found[-1], ignore_errors=True)
         return found[-1].name
-    pid = role_pid(run_dir, role, index)
-    if pid is None:
-        return None
-    os.kill(pid, signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
-    return f"{role} {index}"
+    return site.inject(fault, role, index, run_dir)
 
 
-def pick(number: int, rng: random.Random, kinds: list[str]) -> dict:
+def pick(number: int, rng: random.Random, kinds: list[str], site) -> dict:
     """Trial ``number``: the job's kind, the process, the moment, the fault, the restarts."""
     kind = rng.choice(kinds)
-    chosen = [("worker", 0), ("worker", 1)]
-    chosen += [("server", 0)] if kind != "collective" else []
-    chosen += [("summer", 0)] if kind == "sync-3" else []
-    role, index = rng.choice(chosen)
-    fault = rng.choice(FAULTS)
+    role, index = rng.choice(site.roles(kind))
+    fault = rng.choice(site.faults)
+    if role == "launcher" and fault == "SIGSTOP":
+        fault = "SIGKILL"  # a stopped launcher's processes would wait for it for ever
     # a checkpoint is removed once there is one
     moment = rng.choice(MOMENTS[2:] if fault == "checkpoint removed" else MOMENTS)
     restarts = 0 if number % 4 == 1 else 2
@@ -199,17 +128,17 @@ def pick(number: int, rng: random.Random, kinds: list[str]) -> dict:
                 restarts=restarts)  # fmt: skip
 
 
-def run_trial(plan: dict, data: Path, top: Path, slurm) -> dict:
+def run_trial(plan: dict, data: Path, top: Path, site) -> dict:
     """Start the job, inject the fault at its moment, wait for the end; what was seen."""
     folder = top / f"trial-{plan['trial']}"
     run_dir = folder / "run"
-    job = start(plan["kind"], folder, data, plan["restarts"], slurm)
+    job = site.start(plan["kind"], folder, data, plan["restarts"])
     seen = dict(hit=None, fault_at=None, again_at=None)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     try:
         while job.poll() is None and time.monotonic() < deadline:
             if seen["fault_at"] is None and reached(plan["moment"], run_dir):
-                seen["hit"] = inject(plan["fault"], plan["role"], plan["index"], run_dir)
+                seen["hit"] = inject(site, plan["fault"], plan["role"], plan["index"], run_dir)
                 seen["fault_at"] = time.monotonic() if seen["hit"] else None
             elif seen["fault_at"] and seen["again_at"] is None:
                 restarted = (run_dir / "logs" / "attempt-1").is_dir()
@@ -234,10 +163,11 @@ def run_trial(plan: dict, data: Path, top: Path, slurm) -> dict:
     return seen
 
 
-def judge(plan: dict, seen: dict, refs: dict) -> dict:
+def judge(plan: dict, seen: dict, refs: dict, site) -> dict:
     """The trial's record: what was done, what came of it, passed or not and why."""
     kind, fault = plan["kind"], plan["fault"]
     process = f"{plan['role']} {plan['index']}"
+    lost = site.loses_host(plan)  # then the job fails, naming that host
     record = dict(plan, process=process, hit=seen["hit"], passed=False, why="")
     fault_at = seen["fault_at"]
     record["seconds_to_training_again"] = (
@@ -250,7 +180,7 @@ def judge(plan: dict, seen: dict, refs: dict) -> dict:
         record["why"] = "missed: the job had gone past the moment"
     elif seen["left"]:
         record["why"] = f"processes left: {seen['left']}"
-    elif plan["restarts"] or fault == "checkpoint removed":
+    elif (plan["restarts"] or fault == "checkpoint removed") and not lost:
         weights = seen["weights"]
         if weights is None and fault == "checkpoint removed":
             weights = refs[kind][0]  # it removed the final checkpoint: the run stands
@@ -262,11 +192,11 @@ def judge(plan: dict, seen: dict, refs: dict) -> dict:
             record["distance"], record["passed"] = got, got <= bound
             record["why"] = "" if got <= bound else f"parameters {got:.3g} away (> {bound:.3g})"
     else:
-        limit = 30 + (STALL_S if fault == "SIGSTOP" else 0)
+        limit = 30 + (STALL_S if fault == "SIGSTOP" else 0) + site.extra_s(plan)
         record["passed"] = (
             seen["returncode"] != 0
             and len(errors) == 1
-            and process in errors[0]
+            and (lost or process) in errors[0]
             and seen["statuses"] == ["FAILED"]
             and record["seconds_fault_to_end"] <= limit
         )
@@ -274,15 +204,17 @@ def judge(plan: dict, seen: dict, refs: dict) -> dict:
     return record
 
 
-def references(kinds: list[str], data: Path, top: Path, slurm) -> dict:
+def references(kinds: list[str], data: Path, top: Path) -> dict:
     """Per kind: the uninterrupted job's final parameters, and the largest difference
-    between two uninterrupted runs (0 where the sum is exact: one run)."""
+    between two uninterrupted runs (0 where the sum is exact: one run), started by kspipe's
+    own launcher on this host (on every launcher, the same job reaches the same parameters:
+    tests/modes/test_slurm.py, test_emulated_hosts.py)."""
     refs = {}
     for kind in kinds:
         runs = []
         for n in range(1 if kind in EXACT else 2):
             folder = top / f"ref-{kind}-{n}"
-            job = start(kind, folder, data, 0, slurm)
+            job = Processes().start(kind, folder, data, 0)
             _, stderr = job.communicate(timeout=JOB_TIMEOUT_S)
             if job.returncode != 0:
                 raise SystemExit(f"the uninterrupted {kind} job failed: {stderr[-2000:]}")
@@ -315,27 +247,12 @@ def table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-@contextlib.contextmanager
-def scheduler(launcher: str, tmp: Path):
-    """The local Slurm's environment for ``--launcher slurm``, else None."""
-    if launcher != "slurm":
-        yield None
-        return
-    from tests.kit.slurm import local_slurm, slurm_missing
-
-    missing = slurm_missing()
-    if missing:
-        raise SystemExit(f"--launcher slurm: {missing}")
-    with local_slurm(tmp / "slurm") as env:
-        yield env
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--launcher", choices=["processes", "slurm"], default="processes")
+    parser.add_argument("--launcher", choices=["processes", "slurm", "hosts"], default="processes")
     parser.add_argument("--json", help="write every trial to this file")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -346,12 +263,12 @@ def main(argv=None) -> int:
     records = []
     with tempfile.TemporaryDirectory(prefix="kspipe-faults-") as tmp:
         top = Path(tmp)
-        with scheduler(args.launcher, top) as slurm:
-            data = tiny_omniglot(top / "kanji")
-            refs = references(kinds, data, top, slurm)
+        data = tiny_omniglot(top / "kanji")
+        refs = references(kinds, data, top)
+        with launched(args.launcher, top) as site:
             for number in range(args.trials):
-                plan = pick(number, rng, kinds)
-                record = judge(plan, run_trial(plan, data, top, slurm), refs)
+                plan = pick(number, rng, kinds, site)
+                record = judge(plan, run_trial(plan, data, top, site), refs, site)
                 records.append(record)
                 print(json.dumps(record), flush=True)
     if args.json:

@@ -22,11 +22,10 @@ import os
 from omegaconf import open_dict
 from pluggy import PluginManager
 
-from kspipe import checkpoint, job
 from kspipe import config as kconfig
+from kspipe import job
 from kspipe.checkpoint import incremental
 from kspipe.errors import ConfigError, storage_error
-from kspipe.files import user_path
 from kspipe.launchers import restarts
 from kspipe.process import heartbeat
 from kspipe.registry.plugin_manager import STAGES, get_plugin_manager, implementers
@@ -110,11 +109,6 @@ def prepare(cfg, pm):
             f"Slurm requeued the job (restart {os.environ['SLURM_RESTART_COUNT']}): it "
             f"resumes from its latest complete checkpoint, {requeued}"
         )
-    elif cfg.get("resume"):  # the newest checkpoint now, by path: every process loads it,
-        # and nothing reads resume= again (the run may prune it, a user move it)
-        found = os.path.abspath(checkpoint.latest(user_path(cfg.resume)))
-        with open_dict(cfg):
-            cfg.resume = found
     return check(cfg, pm)
 
 

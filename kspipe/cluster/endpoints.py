@@ -31,7 +31,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def check_port_free(host: str, port: int) -> None:
+    """Whether a process of the job can listen on ``host:port``: no socket listens there.
+    The connections of an earlier start of the job (a restart on the same endpoints) may
+    linger in TIME_WAIT; the job's servers listen with SO_REUSEADDR, as this check does."""
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
     except OSError as err:

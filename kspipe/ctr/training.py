@@ -55,8 +55,8 @@ def train(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     accumulators = [programs.stat_pos, programs.stat_neg, *programs.sums]
     totals = None  # the job's histograms and sums over every pass so far
     if cfg.resume:
-        found = checkpoint.latest(user_path(cfg.resume))  # once: a newer one may come
-        progress = checkpoint.load(programs.main, scope, found)
+        found = checkpoint.latest(user_path(cfg.resume))
+        progress = checkpoint.load(programs.main, scope, cfg.resume)
         started = time.perf_counter()
         role.load_tables(os.path.join(found, checkpoint.TABLES), scope)
         first_epoch = progress["epoch"]

@@ -275,9 +275,8 @@ class ReptileLearner(Adapter):
 
         A worker other than the first then loads its own state saved beside it, if any.
         """
-        found = checkpoint.latest(user_path(path), key)  # once: a newer one may come
-        progress = checkpoint.load(self.p.train, self.scope, found, key)
-        self.resumed_from = found
+        progress = checkpoint.load(self.p.train, self.scope, path, key)
+        found = self.resumed_from = checkpoint.latest(user_path(path), key)
         index = self.role.worker_index()
         if index:
             own = os.path.join(os.path.dirname(found), f"worker-{index}", os.path.basename(found))
