@@ -153,11 +153,12 @@ class Lobby:
         self.selector.unregister(guest.sock)
 
     def refuse(self, guest: Guest, why: str) -> None:
-        """Close ``guest``'s connection, said in one line of the log."""
+        """Close ``guest``'s connection, said in one line of the log (first: the line is
+        there when the peer sees its connection closed)."""
         if guest.sock in self.waiting:
             self._leave(guest)
-        guest.sock.close()
         secret.refused(self.what, guest.address, why)
+        guest.sock.close()
 
     def close(self) -> None:
         """Close the listener and every connection still waiting (quietly: the listener's
@@ -197,9 +198,10 @@ class Door:
             patience_s,
         )
 
-    def next(self, timeout_s: float | None = None) -> tuple | None:
+    def next(self, timeout_s: float | None = None, admit=None) -> tuple | None:
         """``(name, socket)`` of the next connection that greeted as one of :attr:`names`,
-        once this side's proof is sent; None once ``timeout_s`` passed."""
+        once this side's proof is sent; None once ``timeout_s`` passed.  ``admit(name,
+        socket)``: called before the proof goes, so the peer, once in, is known here."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -211,6 +213,8 @@ class Door:
                 self.lobby.refuse(guest, "no greeting of the job's (or from a peer already in)")
                 continue
             theirs = guest.got[: secret.NONCE_BYTES]
+            if admit is not None:
+                admit(name, guest.sock)
             try:
                 guest.sock.settimeout(self.lobby.patience_s)
                 guest.sock.sendall(secret.answer(self.purpose, "listener", name, theirs))
