@@ -63,18 +63,19 @@ class Record:
 
         from kspipe.observers.mlflow.store import client_for
 
-        self.uri = uri
         try:
             self.client = client_for(
                 OmegaConf.create({"tracking": {"uri": uri, "experiment": experiment}})
             )
-        except Exception as err:
+        except Exception as err:  # kspipe's one line (a server's: not "stopped answering")
             self.unopened = err
+            return
+        self.uri = uri
 
     def open(self, uri: str, experiment: str, run_id: str | None, create: dict) -> tuple:
         """The client on the store; the run ``run_id``, or, with ``run_id`` None, a new run
         made as ``create`` says.  Returns (run id, experiment id)."""
-        if self.client is None or self.uri != uri:
+        if self.client is None and self.unopened is None:
             self.connect(uri, experiment)
         if self.unopened is not None:
             raise self.unopened
