@@ -8,6 +8,7 @@
 * :mod:`tests.kit.adaptation`: what a Reptile run's served model must answer;
 * :mod:`tests.kit.slurm`: a Slurm cluster on loopback (or on emulated hosts);
 * :mod:`tests.kit.workers`: a job's workers as threads, for the sums over them;
+* :mod:`tests.kit.summers`: a job's workers and servers for the sums with shard summers;
 * :mod:`tests.kit.strangers`: strangers at kspipe's sockets (silent, resetting, an
   eavesdropper who replays), and a process's thread count;
 * :mod:`tests.kit.disks`: a disk that fills, one that is read-only (root only);
