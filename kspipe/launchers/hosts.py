@@ -155,19 +155,21 @@ class HostLink:
     def _accept(self, door: greetings.Door) -> None:
         try:
             while not self._closing:
-                host, conn = door.next()  # OSError once the listener is closed
+                host, conn = door.next(admit=self._admit)  # OSError once the listener closed
                 threading.Thread(target=self._serve, args=(host, conn), daemon=True).start()
         except OSError:
             return
         finally:
             door.close()
 
-    def _serve(self, host: str, conn: socket.socket) -> None:
-        lines = conn.makefile("r", encoding="utf-8", errors="replace")
+    def _admit(self, host: str, conn: socket.socket) -> None:
+        """A host in (before it learns so: a word sent to the hosts from now on reaches it)."""
         with self._lock:
             self._peers[host] = conn
             self._heard[host] = time.monotonic()
-        self._read(host, lines)
+
+    def _serve(self, host: str, conn: socket.socket) -> None:
+        self._read(host, conn.makefile("r", encoding="utf-8", errors="replace"))
 
     def _connect(self) -> None:
         deadline = self._opened + self.timeout_s
