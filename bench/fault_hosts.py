@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.kit.network import Network
 
-PEER_TIMEOUT_S, HOSTS_TIMEOUT_S = 10, 30
+PEER_TIMEOUT_S, HOSTS_TIMEOUT_S = 8, 12  # the hosts found missing before the stall watch (20 s)
 SERVER_PORT, WORKER_PORT = 6000, 6100
 
 

@@ -36,9 +36,16 @@ CAUSE_GRACE_S = 2.0  # how long a failure's peers may take to exit by themselves
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
-def worker_command(run_dir: str) -> list[str]:
-    """What a launched process runs: the job's stages from ``<run_dir>/job.yaml``."""
-    return [sys.executable, "-u", "-m", "kspipe.cli.worker", os.path.join(run_dir, JOB_FILE)]
+def worker_command(run_dir: str, job_file: str = JOB_FILE) -> list[str]:
+    """What a launched process runs: the job's stages from ``<run_dir>/<job_file>``."""
+    return [sys.executable, "-u", "-m", "kspipe.cli.worker", os.path.join(run_dir, job_file)]
+
+
+def job_file(hosts) -> str:
+    """The name of the config this host's processes run: a job across hosts that share a
+    run folder has one a host (each says which host it is, and the first host's alone
+    names the MLflow run the first worker records in)."""
+    return JOB_FILE if hosts is None else f"job-{hosts.here}.yaml"
 
 
 @dataclass
@@ -316,7 +323,7 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
     from kspipe.launchers.hosts import HostLink
 
     run_dir = reporter.run_dir
-    write_job(cfg, run_dir)
+    job = write_job(cfg, run_dir, job_file(hosts))
     cluster = Cluster(run_dir)
     link = HostLink(hosts, cfg.cluster.hosts_timeout_s, cfg.cluster.peer_timeout) if hosts else None
     try:
@@ -324,7 +331,7 @@ def run_cluster(cfg, reporter, plan: list, description: str, hosts=None, launche
             link.open(reporter.say)
         reporter.say(f"starting {description}; logs in {cluster.log_dir}")
         for p in plan:
-            command = worker_command(run_dir)
+            command = worker_command(run_dir, os.path.basename(job))
             cluster.start(
                 p.role, p.index, p.env, launcher.command(p, command) if launcher else command
             )
@@ -374,10 +381,10 @@ def why_stopped(err: BaseException) -> str:
     return str(err) or f"its launcher was stopped ({type(err).__name__})"
 
 
-def write_job(cfg, run_dir: str) -> str:
-    """Write the resolved config every role of the job runs."""
+def write_job(cfg, run_dir: str, name: str = JOB_FILE) -> str:
+    """Write the resolved config every role of the job runs (on this host: ``name``)."""
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, JOB_FILE)
+    path = os.path.join(run_dir, name)
     job = OmegaConf.to_container(cfg, resolve=True)
     job["run_dir"] = run_dir
     OmegaConf.save(OmegaConf.create(job), path)

@@ -94,7 +94,8 @@ def test_the_built_in_plugins_declare_kspipes_groups_through_the_hook():
 
 CLUSTER_KEYS = (
     "strategy, k_steps, wait_push, shard_sum, host, threads, timeout_s, control_port, "
-    "hosts_timeout_s, peer_timeout, stall_seconds, secret_file, job_id, launcher, max_restarts, slurm_args, image"
+    "hosts_timeout_s, peer_timeout, stall_seconds, secret_file, job_id, launcher, max_restarts, "
+    "slurm_args, image"
 )
 
 
