@@ -176,7 +176,10 @@ def judge(plan: dict, seen: dict, refs: dict, site) -> dict:
     record["seconds_fault_to_end"] = round(seen["ended_at"] - fault_at, 1) if fault_at else None
     errors = [line for line in seen["stderr"].splitlines() if line.startswith("kspipe: error:")]
     outcome = f"exit {seen['returncode']}, runs {seen['statuses']}, errors {errors[-1:]}"
-    if seen["hit"] is None:
+    if seen["hit"] is None and (seen["returncode"] != 0 or seen["left"]):
+        record["hit"] = "nothing"  # counted as failed: the job failed before any fault
+        record["why"] = f"before the fault: {outcome}: {seen['stderr'][-800:]}"
+    elif seen["hit"] is None:
         record["why"] = "missed: the job had gone past the moment"
     elif seen["left"]:
         record["why"] = f"processes left: {seen['left']}"
