@@ -142,8 +142,9 @@ def run_trial(plan: dict, data: Path, top: Path, site) -> dict:
                 seen["fault_at"] = time.monotonic() if seen["hit"] else None
             elif seen["fault_at"] and seen["again_at"] is None:
                 restarted = (run_dir / "logs" / "attempt-1").is_dir()
-                if restarted and "resuming from" in text(run_dir / "logs" / "worker.0.log"):
-                    seen["again_at"] = time.monotonic()  # set up again, its checkpoint loaded
+                log = text(run_dir / "logs" / "worker.0.log")
+                if restarted and ("resuming from" in log or "meta-train" in log):
+                    seen["again_at"] = time.monotonic()  # set up again (its checkpoint loaded)
             time.sleep(0.05)
         if job.poll() is None:
             job.kill()
