@@ -263,10 +263,6 @@ DATED = ("benchmark-log.md",)
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in DATED], ids=lambda p: p.name)
 def test_no_dated_measurement_outside_the_benchmark_pages(doc):
-    if doc.name == "distributed.md":
-        pytest.skip(
-            "its scaling section's dated figures go to BENCHMARKS.md with issue 49's point 10"
-        )
     dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", doc.read_text())
     assert not dates, f"{doc.name} has dated measurements ({dates}): BENCHMARKS.md holds them"
 
