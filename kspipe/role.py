@@ -172,11 +172,12 @@ class Role:
             for sync in self._syncs:
                 sync.settle()
 
-    def save_tables(self, folder: str) -> None:
+    def save_tables(self, folder: str, mode: int = 0) -> None:
         """The first worker, after :meth:`settle_tables`: write the tables kept outside the
-        workers' scopes into ``folder`` (each server its own shard).  Here: none are."""
+        workers' scopes into ``folder`` (each server its own shard; ``mode``: Paddle's
+        save_persistables mode, 0 every row, 1 a delta).  Here: none are."""
         for sync in self._syncs:
-            sync.save(folder)
+            sync.save(folder, mode) if mode else sync.save(folder)
 
     def load_tables(self, folder: str, scope=None) -> None:
         """Every worker calls it, after :meth:`init_worker`: the tables that

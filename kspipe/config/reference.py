@@ -150,6 +150,8 @@ def groups() -> list[tuple[str, list]]:
         if isinstance(entry, str) or entry is None:
             continue  # core, plugins, _self_: the top level, the installed plugins'
         for group in entry:
+            if group.startswith("override "):
+                continue  # Hydra's own groups (hydra/job_logging): not kspipe's config
             parts = plugins.get(group) or [OWN_GROUPS[group]]
             order.append((group, list(parts) if isinstance(parts, list) else [parts]))
     return order

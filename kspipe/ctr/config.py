@@ -98,6 +98,30 @@ class TableConfig:
 
 
 @dataclass
+class StreamConfig:
+    """Day-by-day training over PaddleRec's online layout ``<root>/<YYYYMMDD>/<HHMM>/``
+    (docs/sparse-tables.md): passes of ``split_per_pass`` folders ``split_interval``
+    minutes apart, each trained once, validated on before it is trained on, saved as a
+    delta; each day ends with the eviction and a base save."""
+
+    root: Optional[str] = None  # the layout's folder; null: no stream (ctr.epochs over files)
+    start_day: Optional[str] = None  # YYYYMMDD, the first day (null: the first day folder)
+    end_day: Optional[str] = None  # YYYYMMDD, the last day included (null: start_day)
+    split_interval: int = 5  # minutes between two HHMM folders (divides 1440)
+    split_per_pass: int = 1  # HHMM folders a pass trains on
+    # donefile: a file each HHMM folder gets once its data is complete (PaddleRec's
+    # data_donefile); given, a pass waits for it in each of its folders; null: the folders
+    # are complete (and a day folder missing is refused before anything starts)
+    donefile: Optional[str] = None
+    data_sleep_second: float = 10  # seconds between two looks for a donefile
+    data_timeout_s: float = 3600  # a donefile not there after this long ends the stream
+    save_delta_frequency: int = 1  # a delta save every this many passes (resume points)
+    # dump_tables: after each pass's save (and a resume's restore) every row is also
+    # written into <run>/stream-tables/ (pass-<n>, restored-<n>): to compare runs
+    dump_tables: bool = False
+
+
+@dataclass
 class CtrConfig:
     """Embedding tables per slot, a ReLU tower, and Adam."""
 
@@ -119,3 +143,5 @@ class CtrConfig:
     # shrink: at each day's end (here: each epoch's) the servers decay show and click and
     # delete rows below delete_threshold or unseen for delete_after_unseen_days
     shrink: bool = False
+    # stream: train day by day over a PaddleRec online layout instead of ctr.epochs
+    stream: StreamConfig = field(default_factory=StreamConfig)

@@ -17,9 +17,11 @@ from kspipe.contracts import Workload
 from kspipe.ctr.config import CtrConfig
 from kspipe.ctr.evaluation import evaluate, pull_tables
 from kspipe.ctr.model import build, fetch_vars
+from kspipe.ctr.stream import loop as stream
+from kspipe.ctr.stream.saves import with_delta_threshold
 from kspipe.ctr.tables import check_tables, report_collisions, server_tables
 from kspipe.ctr.training import train
-from kspipe.errors import check_integer, check_keys, check_number
+from kspipe.errors import ConfigError, check_integer, check_keys, check_number
 
 #: What the ctr workload needs of its mode.
 NEEDS = frozenset({"dataset_training", "sparse_tables"})
@@ -63,8 +65,30 @@ def kspipe_check_config(cfg):
     check_number(cfg.ctr.learning_rate, "ctr.learning_rate", 0, above=True)
     check_tables(cfg)
     check_number(cfg.datafeed.print_period_s, "datafeed.print_period_s", 0, above=True)
+    if cfg.ctr.stream.root is not None:
+        check_stream(cfg)
     if cfg.train.checkpoint_minutes is not None:  # checked, though an epoch is ctr's unit
         check_number(cfg.train.checkpoint_minutes, "train.checkpoint_minutes", 0, above=True)
+
+
+def check_stream(cfg) -> None:
+    from kspipe.ctr.stream import layout, saves
+
+    if cfg.mode != "pserver":
+        raise ConfigError(
+            f"ctr.stream needs mode=pserver (mode={cfg.mode}): its saves are the parameter "
+            f"servers' base and delta tables"
+        )
+    layout.check(cfg.ctr.stream)
+    saves.check_exact(cfg)
+    if cfg.resume:  # a save cut short: the last whole one (the command says so, once)
+        from omegaconf import open_dict
+
+        from kspipe.files import user_path
+        from kspipe.reporting import say
+
+        with open_dict(cfg):
+            cfg.resume = saves.intact(user_path(cfg.resume), say)
 
 
 @hookimpl
@@ -81,7 +105,10 @@ def kspipe_compile_program(cfg, role, programs):
         paddle.utils.unique_name.guard(),
         paddle.static.program_guard(programs.main, programs.startup),
     ):
-        tables = {"tables": server_tables(cfg, sorted(programs.tables))}
+        tables = server_tables(cfg, sorted(programs.tables))
+        if cfg.ctr.stream.root is not None:
+            tables = with_delta_threshold(tables)
+        tables = {"tables": tables}
         role.distributed_optimizer(optimizer, tables, feeding="dataset").minimize(programs.loss)
         programs.main = programs.loss.block.program  # as the mode rewrote it
         programs.startup = paddle.static.default_startup_program()
@@ -101,10 +128,14 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     start = start_from(cfg, programs.main, scope, reporter.run_dir, reporter)
     role.init_worker(scope)
     start.load_tables(role)
-    metrics = train(cfg, role, dataset, programs, executor, scope, reporter)
+    if cfg.ctr.stream.root is not None:
+        metrics = stream.run(cfg, role, dataset, programs, executor, scope, reporter)
+    else:
+        metrics = train(cfg, role, dataset, programs, executor, scope, reporter)
     role.finish_training(scope)
     if role.is_first_worker():
-        metrics.update(evaluate(dataset, programs, executor, scope, reporter))
+        if dataset.test_files:
+            metrics.update(evaluate(dataset, programs, executor, scope, reporter))
         programs.export_scope = pull_tables(cfg, programs, executor, scope, role, reporter.run_dir)
         reporter.metrics(metrics, step=metrics["train_instances"])
     return metrics

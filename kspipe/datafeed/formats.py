@@ -103,6 +103,33 @@ def slot_values(line: str, slots, label: str, label_slot: int, where: str) -> li
     return values
 
 
+def slot_desc(files: list, label: str, label_slot: int, batch_size: int) -> str:
+    """A DataFeedDesc (text) of the uint64 slots the slot-format ``files`` name (their
+    first 1000 lines), by number, the label slot as ``label``."""
+    numbers = set()
+    for path in files:
+        with open(path, errors="replace") as f:
+            for _, line in zip(range(1000), f):
+                for token in line.split():
+                    slot = token.rpartition(":")[2]
+                    if slot.isdigit() and int(slot) != label_slot:
+                        numbers.add(int(slot))
+    if not numbers:
+        raise DataError(
+            f"{files[0]}: no feasign:slot token besides the label's (slot {label_slot})"
+        )
+    slots = [f'  slots {{ name: "{label}" type: "uint64" is_dense: false is_used: true }}\n']
+    slots += [
+        f'  slots {{ name: "{n}" type: "uint64" is_dense: false is_used: true }}\n'
+        for n in sorted(numbers)
+    ]
+    return (
+        f'name: "MultiSlotDataFeed"\nbatch_size: {batch_size}\nmulti_slot_desc {{\n'
+        + "".join(slots)
+        + "}\n"
+    )
+
+
 def lines_as_multislot(path: str, fmt: str, desc, label: str, label_slot: int):
     """Each line of ``path`` (format ``fmt``) as MultiSlot values of ``desc``'s slots."""
     slots = desc.slots

@@ -19,7 +19,7 @@ from kspipe.datafeed import generated
 from kspipe.datafeed.config import DatafeedConfig
 from kspipe.datafeed.desc import DataFeedDesc
 from kspipe.datafeed.files import FileCounts, parse_line, resolve_files, scan_files
-from kspipe.datafeed.formats import CRITEO_DESC, FORMATS
+from kspipe.datafeed.formats import CRITEO_DESC, FORMATS, slot_desc
 from kspipe.errors import ConfigError, DataError, check_integer
 from kspipe.files import user_path
 from kspipe.reporting import say
@@ -61,6 +61,11 @@ def kspipe_check_config(cfg):
         raise ConfigError(f"datafeed.dataset={d.dataset!r} must be one of {', '.join(DATASETS)}")
     if d.format not in FORMATS:
         raise ConfigError(f"datafeed.format={d.format!r} must be one of {', '.join(FORMATS)}")
+    if streamed(cfg):  # the files are the stream's passes (kspipe.ctr.stream)
+        if d.desc is None and d.format == "multislot":
+            raise ConfigError("ctr.stream of MultiSlot files needs datafeed.desc")
+        check_integer(d.threads, "datafeed.threads", 1)
+        return
     if d.format == "criteo" and d.train_files is None:
         raise ConfigError("datafeed.format=criteo reads datafeed.train_files: set them")
     if d.format != "criteo" and (d.desc is None) != (d.train_files is None):
@@ -86,9 +91,15 @@ def check_files_per_worker(files: int, workers: int) -> None:
         )
 
 
+def streamed(cfg) -> bool:
+    return cfg.get("ctr") is not None and cfg.ctr.stream.root is not None
+
+
 @hookimpl
 def kspipe_read_dataset(cfg, role):
     d = cfg.datafeed
+    if streamed(cfg):
+        return stream_dataset(cfg, role)
     built = generated.cached(cfg) if d.desc is None and d.format != "criteo" else None
     converted = os.path.join(user_path(cfg.run_dir or "."), "converted")
     if d.format == "criteo" and d.desc is None:
@@ -138,6 +149,55 @@ def kspipe_read_dataset(cfg, role):
     if role.is_first_worker():  # it evaluates
         dataset.test_counts = scan_files(dataset.test_files, desc, check=d.validate, label=label)
     dataset.threads = reader_threads(d.threads, len(dataset.train_files))
+    return dataset
+
+
+def stream_dataset(cfg, role) -> FileDataset:
+    """A stream's data set: its desc (given, else made from the slots its first pass
+    names: :func:`kspipe.datafeed.formats.slot_desc`), no files yet (each pass brings
+    its own, :mod:`kspipe.ctr.stream.loop`)."""
+    from kspipe.ctr.stream import layout
+
+    d, s = cfg.datafeed, cfg.ctr.stream
+    converted = os.path.join(user_path(cfg.run_dir or "."), "converted")
+    os.makedirs(converted, exist_ok=True)
+    first = []
+    for day in layout.days(s):
+        for p in layout.passes(s, day):
+            if layout.present(s, p) or s.donefile is not None:
+                first = layout.files(s, p)
+            if first:
+                break
+        if first:
+            break
+    if not first:
+        raise DataError(f"ctr.stream.root={s.root}: no pass of the stream holds a file")
+    if d.desc is not None:
+        desc = DataFeedDesc(user_path(d.desc))
+    elif d.format == "criteo":
+        desc = DataFeedDesc.from_text(CRITEO_DESC, os.path.join(converted, "criteo.prototxt"))
+    else:
+        text = slot_desc(first, d.label, d.label_slot, d.batch_size or 512)
+        desc = DataFeedDesc.from_text(
+            text, os.path.join(converted, f"slots-{os.getpid()}.prototxt")
+        )
+    if d.batch_size is not None:
+        desc.set_batch_size(d.batch_size)
+    label = check_label(desc, d.label)
+    shapes = first[:1]
+    if d.format != "multislot":
+        shapes = as_multislot(d, desc, first[:1], converted, f"first-{os.getpid()}")
+    dataset = FileDataset(desc, label, dense_widths(desc, shapes), kind=d.dataset)
+    dataset.threads = d.threads
+    if d.test_files is not None and role.is_first_worker():
+        dataset.test_files = resolve_files(d.test_files, "datafeed.test_files")
+        if d.format != "multislot":
+            dataset.test_files = as_multislot(d, desc, dataset.test_files, converted, "test")
+        dataset.test_counts = scan_files(dataset.test_files, desc, check=d.validate, label=label)
+    root = user_path(s.root)
+    dataset.training_data = TrainingData(
+        os.path.basename(root.rstrip("/")), root, (desc.path,), profile={"stream": True}
+    )
     return dataset
 
 

@@ -157,11 +157,13 @@ class FleetTables(ParameterSync):
         self.counted = counter
         pull_all_dense(self.role.fleet)
 
-    def save(self, folder: str) -> None:
-        """Every server writes its shard of every table into ``folder``; a manifest beside
-        them records the layout, the servers and each file's size, for :meth:`load`."""
+    def save(self, folder: str, mode: int = 0) -> None:
+        """Every server writes its shard of every table into ``folder`` (``mode``: Paddle's
+        ``save_persistables`` mode: 0 every row, 1 a delta, the rows whose delta score
+        reached ``delta_threshold`` since the last one, each then reset to 0); a manifest
+        beside them records the layout, the servers and each file's size, for :meth:`load`."""
         os.makedirs(folder, exist_ok=True)
-        self.role.fleet.fleet._runtime_handle._worker.save_all_model(folder, 0)
+        self.role.fleet.fleet._runtime_handle._worker.save_all_model(folder, mode)
         servers = len(self.role.get_pserver_endpoints())
         missing = missing_shard(folder, self.layout(), servers)
         if missing:  # a server died while saving: this checkpoint must not be completed
