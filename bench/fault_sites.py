@@ -17,6 +17,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(CHECKOUT))
 
 from kspipe.testing import tiny_overrides  # noqa: E402
+from tests import kit  # noqa: E402
 
 ITERATIONS, EVERY, KEEP, STALL_S = 24, 4, 2, 20
 KINDS = {
@@ -114,36 +115,18 @@ class Slurm(Processes):
         return dict(os.environ, **self.slurm_env)
 
 
-def processes(run_dir: Path) -> list[int]:
-    """The job's processes still running (every role runs ``kspipe.cli.worker <run_dir>``)."""
-    out = subprocess.run(
-        ["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True, text=True
-    ).stdout.split()
-    return [int(pid) for pid in out]
-
-
 def role_pid(run_dir: Path, role: str, index: int) -> int | None:
     """The pid of the job's ``role`` ``index`` (a worker, the server, the server's shard
     summer), if it runs (the role itself, not the ``srun`` that started it)."""
-    if role == "summer":
-        server = role_pid(run_dir, "server", 0)
-        out = subprocess.run(
-            ["pgrep", "-P", str(server or 0), "-f", "kspipe.modes.ps.summer"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        return int(out[0]) if out else None
-    for pid in processes(run_dir):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"srun"):
-                continue
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        server = b"TRAINING_ROLE=PSERVER" in env
-        if server if role == "server" else f"PADDLE_TRAINER_ID={index}".encode() in env:
-            return pid
-    return None
+    if role != "summer":
+        return kit.role_pid(run_dir, role, index, step=True)
+    server = kit.role_pid(run_dir, "server", 0, step=True)
+    out = subprocess.run(
+        ["pgrep", "-P", str(server or 0), "-f", "kspipe.modes.ps.summer"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return int(out[0]) if out else None
 
 
 @contextlib.contextmanager

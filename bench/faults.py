@@ -56,10 +56,10 @@ from fault_sites import (  # noqa: E402
     STALL_S,
     Processes,
     launched,
-    processes,
 )
 
 from kspipe.testing import run_statuses, tiny_omniglot  # noqa: E402
+from tests.kit import job_processes  # noqa: E402
 
 EXACT = {"sync", "sync-3", "collective"}
 MOMENTS = ["start-up", "first steps", "mid-training", "checkpoint write", "after last", "final"]
@@ -89,7 +89,7 @@ def reached(moment: str, run_dir: Path) -> bool:
     saved = run_dir / "checkpoints"
     first_log = text(run_dir / "logs" / "worker.0.log")
     if moment == "start-up":
-        return bool(processes(run_dir))
+        return bool(job_processes(run_dir))
     if moment == "first steps":
         return "meta-train" in first_log
     if moment == "mid-training":
@@ -150,7 +150,7 @@ def run_trial(plan: dict, data: Path, top: Path, site) -> dict:
             job.kill()
         seen["stderr"] = job.communicate()[1]
         seen["ended_at"] = time.monotonic()
-        seen["left"] = processes(run_dir)
+        seen["left"] = job_processes(run_dir)
         seen["returncode"] = job.returncode
         seen["statuses"] = run_statuses(folder / "mlflow.db")
         try:
@@ -158,7 +158,7 @@ def run_trial(plan: dict, data: Path, top: Path, site) -> dict:
         except FileNotFoundError:
             seen["weights"] = None
     finally:
-        for pid in processes(run_dir):
+        for pid in job_processes(run_dir):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(folder, ignore_errors=True)
     return seen

@@ -33,6 +33,7 @@ from tests.kit.processes import (
     environment_of,
     job_processes,
     overloaded,
+    role_pid,
     stopped_when,
     wait_until,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "latest_weights",
     "environment_of",
     "job_processes",
+    "role_pid",
     "stopped_when",
     "wait_until",
     "overloaded",

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def environment_of(pid: int) -> dict:
@@ -30,6 +31,22 @@ def job_processes(run_dir) -> list[int]:
         ["pgrep", "-f", f"kspipe.cli.worker {run_dir}"], capture_output=True, text=True
     ).stdout.split()
     return [int(pid) for pid in out if int(pid) != os.getpid()]
+
+
+def role_pid(run_dir, role: str, index: int, step: bool = False) -> int | None:
+    """The pid of the job's worker ``index``, or of its server (it has one), if it runs
+    (``step``: the role itself, not the ``srun`` that started it)."""
+    for pid in job_processes(run_dir):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if step and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"srun"):
+                continue
+        except OSError:
+            continue
+        server = b"TRAINING_ROLE=PSERVER" in env
+        if server if role == "server" else f"PADDLE_TRAINER_ID={index}".encode() in env:
+            return pid
+    return None
 
 
 def stopped_when(

@@ -30,6 +30,7 @@ from tests.kit import (
     environment_of,
     job_processes,
     latest_weights,
+    role_pid,
     scheduled_overrides,
     slurm_missing,
     stopped_when,
@@ -46,22 +47,6 @@ def kspipe(folder: Path, *args, env=None) -> subprocess.Popen:
         text=True,
         env=env,
     )
-
-
-def role_pid(run_dir: Path, role: str, index: int, step: bool = False) -> int | None:
-    """The pid of the job's worker ``index``, or of its server (it has one), if it runs
-    (``step``: the role itself, not the ``srun`` that started it)."""
-    for pid in job_processes(run_dir):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if step and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"srun"):
-                continue
-        except OSError:
-            continue
-        server = b"TRAINING_ROLE=PSERVER" in env
-        if server if role == "server" else f"PADDLE_TRAINER_ID={index}".encode() in env:
-            return pid
-    return None
 
 
 def wait_for(condition, job, timeout: float = 180.0):
