@@ -81,6 +81,13 @@ class Seen:
         self.fields, self.changed, self.stopped_since = fields, now, None
 
 
+def unwritten(name: str, pid: int, host: str) -> dict:
+    """The fields of a process that has written no file yet: judged as a server is, by its
+    state alone (stopped or not), not by its progress."""
+    return dict(name=name, pid=pid, host=host, phase="starting", step=None, task=None,
+                waiting=False, serving=True, ended=False, beats=0)  # fmt: skip
+
+
 class StallWatch:
     """The files of ``log_dir``, judged every :data:`CHECK_EVERY_S` (``clock``, ``states``
     and ``host`` are the time, ``/proc`` and this host's name, for the tests)."""
@@ -92,14 +99,19 @@ class StallWatch:
         self.seen: dict[str, Seen] = {}
         self.checked = None
 
-    def check(self, running: dict | None = None, log_of=None) -> Stalled | None:
+    def check(self, running: dict | None = None, log_of=None, pids=None) -> Stalled | None:
         """The stall of the job, if any.  ``running``: this launcher's processes by name,
-        whether each still runs (for those on other hosts); ``log_of(name)``: a log."""
+        whether each still runs (for those on other hosts); ``log_of(name)``: a log;
+        ``pids``: this launcher's processes by name, their pids (one stopped before it
+        wrote its file is judged by its state alone)."""
         now = self.clock()
         if self.checked is not None and now - self.checked < CHECK_EVERY_S:
             return None
         self.checked = now
         self._read(now)
+        for name, pid in (pids or {}).items():
+            if path_of("", name) not in self.seen:  # no file yet: its state alone says
+                self.seen[path_of("", name)] = Seen(unwritten(name, pid, self.host), now)
         live = [s for s in self.seen.values() if self._alive(s, running)]
         for s in live:
             here = s.fields["host"] == self.host

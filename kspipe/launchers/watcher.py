@@ -136,6 +136,7 @@ class Cluster:
             stalled = watch and watch.check(
                 {p.name: p.popen.poll() is None for p in self.processes},
                 {p.name: p.log for p in self.processes}.get,
+                {p.name: p.popen.pid for p in self.processes},
             )
             if stalled:
                 watch.kill_stopped()  # also one that srun started, whose pid is not popen's

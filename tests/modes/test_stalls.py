@@ -193,3 +193,23 @@ def test_the_launchers_rules(tmp_path):
     job.write(3, "server 0", 2, phase="ended", ended=True)
     job.states[3] = "T"
     assert job.at(80) is None  # it ended (its pid may be another process's now)
+
+
+def test_a_process_stopped_before_it_wrote_its_file_is_the_one_named(tmp_path):
+    """Worker 0 stopped right after it started, before its first word: the others then
+    wait on it and make no progress either; the stopped one is the cause (the launcher
+    knows its pid) and is named, not the one that waited longest."""
+    job = Job(tmp_path)
+    job.write(2, "worker 1", 1, phase="joining the job", waiting=True)
+    job.states[1] = "T"
+    pids = {"worker 0": 1, "worker 1": 2}
+    job.now = 0
+    assert job.watch.check(pids=pids) is None
+    job.now = 11
+    assert str(job.watch.check(pids=pids)) == (
+        "worker 0 has been stopped (SIGSTOP or SIGTSTP) for 11 s (starting; "
+        "cluster.stall_seconds=10)"
+    )
+    job.states[1] = "S"  # not stopped: a process without a file yet is never a stall
+    job.now = 30
+    assert "worker 1 made no progress" in str(job.watch.check(pids=pids))
