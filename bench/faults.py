@@ -258,6 +258,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--launcher", choices=["processes", "slurm", "hosts"], default="processes")
     parser.add_argument("--json", help="write every trial to this file")
+    parser.add_argument("--only", help="run only these trials of the seed's (e.g. 5,9)")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(KINDS))
@@ -270,8 +271,11 @@ def main(argv=None) -> int:
         data = tiny_omniglot(top / "kanji")
         refs = references(kinds, data, top)
         with launched(args.launcher, top) as site:
+            only = {int(n) for n in args.only.split(",")} if args.only else None
             for number in range(args.trials):
                 plan = pick(number, rng, kinds, site)
+                if only is not None and number not in only:
+                    continue
                 record = judge(plan, run_trial(plan, data, top, site), refs, site)
                 records.append(record)
                 print(json.dumps(record), flush=True)
