@@ -31,6 +31,7 @@ def logs(tmp_path_factory):
     folders more that hold no file (a pass with no files)."""
     root = tmp_path_factory.mktemp("stream")
     write_stream(str(root / "logs"), DAYS[0], 2, FOLDERS, 150)
+    write_stream(str(root / "heldout"), "20190722", 1, ["0000"], 150, seed=1)
     for name in ("0200", "0230"):
         (root / "logs" / DAYS[0] / name).mkdir()
     return root
@@ -185,14 +186,16 @@ def test_a_worker_killed_at_a_days_end_resumes_and_does_the_days_end_again(logs)
     """A worker killed at the first day's end, before its base: cluster.max_restarts
     restarts the stream from the pass's delta, its tables rebuilt from the deltas alone
     (no base yet) equal the rows before the kill, and the day's end done again gives the
-    rows computed from them."""
+    rows computed from them.  The exported model then holds the rows of the stream's last
+    base, and scores a held-out pass exactly as the cluster's evaluation did."""
     run_dir = logs / "killed"
+    heldout = logs / "heldout" / "20190722" / "0000"
     job = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "kspipe.cli.command",
-            *args(logs, "killed", "cluster.max_restarts=1"),
+            *args(logs, "killed", "cluster.max_restarts=1", f"datafeed.test_files={heldout}"),
         ],
         cwd=logs,
         stdout=subprocess.PIPE,
@@ -201,17 +204,23 @@ def test_a_worker_killed_at_a_days_end_resumes_and_does_the_days_end_again(logs)
     )
     try:
         deadline = time.monotonic() + 240
-        # the second pass's rows written whole, its day's end and base to come
-        while not (run_dir / "stream-tables" / "pass-2" / "manifest.json").exists():
-            assert time.monotonic() < deadline and job.poll() is None, job.communicate()
-            time.sleep(0.001)
-        (first,) = [
+
+        def waited_for(path):
+            while not path.exists():
+                assert time.monotonic() < deadline and job.poll() is None, job.communicate()
+                time.sleep(0.001)
+
+        waited_for(run_dir / "stream-tables" / "pass-1" / "manifest.json")
+        (first,) = [  # found ahead: the kill must come before the base is written
             pid
             for pid in job_processes(run_dir)
             if environment_of(pid).get("TRAINING_ROLE") == "TRAINER"
             and environment_of(pid).get("PADDLE_TRAINER_ID") == "0"
         ]
+        # the second pass's rows written whole, its day's end and base to come
+        waited_for(run_dir / "stream-tables" / "pass-2" / "manifest.json")
         os.kill(first, signal.SIGKILL)
+        assert not (run_dir / "stream-tables" / f"base-{DAYS[0]}").exists()
         _, stderr = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
@@ -221,6 +230,38 @@ def test_a_worker_killed_at_a_days_end_resumes_and_does_the_days_end_again(logs)
     tables = run_dir / "stream-tables"
     same_rows(rows(tables / "restored-2"), rows(tables / "pass-2"))
     same_rows(rows(tables / f"base-{DAYS[0]}"), day_end(rows(tables / "pass-2")))
+    served_as_the_cluster(run_dir, rows(tables / f"base-{DAYS[1]}"))
+
+
+def served_as_the_cluster(run_dir, held: dict) -> None:
+    import json
+
+    import numpy as np
+    import paddle
+
+    from kspipe.ctr.evaluation import roc_auc
+    from kspipe.datafeed import DataFeedDesc, python_batches
+
+    paddle.enable_static()
+    exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+    desc = sorted((run_dir / "converted").glob("slots-*.prototxt"))[0]  # each process its own
+    desc = DataFeedDesc(str(desc))
+    labels, scores = [], []
+    with paddle.static.scope_guard(scope):
+        program, feeds, fetch = paddle.static.load_inference_model(
+            str(run_dir / "inference_model" / "model"), exe
+        )
+        for table_id, slot in enumerate(("2", "3", "4")):
+            keys = np.array(scope.find_var(f"emb_{slot}.keys").get_tensor()).view(np.uint64)
+            assert sorted(keys.tolist()) == sorted(i for t, i in held if t == table_id), slot
+        test = sorted((run_dir / "converted" / "test").iterdir())
+        for feed in python_batches(test, desc, 16, {}):
+            labels.append(np.array(feed["label"]).ravel())
+            (pred,) = exe.run(program, feed={k: feed[k] for k in feeds}, fetch_list=fetch)
+            scores.append(pred.ravel())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["test_instances"] == 150
+    assert roc_auc(np.concatenate(labels), np.concatenate(scores)) == metrics["test_auc"]
 
 
 def test_bad_stream_input_is_one_line(logs, tmp_path):
