@@ -63,7 +63,10 @@ def hosts(processes_class):
             self.network = network
 
         def roles(self, kind: str) -> list[tuple]:
-            return [*super().roles(kind), ("launcher", 1)]
+            # shard summers sum a sync job's rounds from 3 workers on, where the job meets
+            # at kspipe's address book: across hosts (on one host it meets in a folder)
+            summer = [("summer", 0)] if kind == "sync-3" else []
+            return [*super().roles(kind), *summer, ("launcher", 1)]
 
         def loses_host(self, plan: dict) -> str | None:
             if plan["fault"] == "link cut" or plan["role"] == "launcher":

@@ -59,8 +59,7 @@ class Processes:
     def roles(self, kind: str) -> list[tuple]:
         """The processes a fault may hit: (role, index)."""
         chosen = [("worker", 0), ("worker", 1)]
-        chosen += [("server", 0)] if counts(kind)["servers"] else []
-        return chosen + ([("summer", 0)] if kind == "sync-3" else [])
+        return chosen + ([("server", 0)] if counts(kind)["servers"] else [])
 
     def loses_host(self, plan: dict) -> str | None:
         """The host a fault takes from the job for good (None: a process, which restarts)."""

@@ -6,9 +6,11 @@ their life, and what came of each (issue 47; docs/distributed.md, "What survives
 
 Each trial starts the tiny Reptile job (the embedded KanjiVG strokes, 24 meta-iterations, a
 checkpoint every 4 of which 2 are kept) as a cluster of one kind, started by kspipe's own
-launcher or as Slurm job steps (``--launcher slurm``: a one-node Slurm of its own on
-loopback, tests/kit/slurm.py).  It picks at random a process (a worker, the server, the
-shard summer beside the server of a sync job of 3 workers), a moment (start-up, the first
+launcher, as Slurm job steps (``--launcher slurm``: a one-node Slurm of its own on
+loopback, tests/kit/slurm.py) or across emulated hosts (``--launcher hosts``,
+bench/fault_hosts.py).  It picks at random a process (a worker, the server; across hosts
+also the shard summer beside the server of a sync job of 3 workers, and the launcher of
+worker 1's host), a moment (start-up, the first
 steps, mid-training, while a checkpoint is written, after the last checkpoint, the final
 evaluation and export) and a fault (SIGKILL, SIGSTOP, the newest checkpoint folder
 removed), injects it there, and checks:
