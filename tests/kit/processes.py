@@ -43,8 +43,9 @@ def role_pid(run_dir, role: str, index: int, step: bool = False) -> int | None:
                 continue
         except OSError:
             continue
-        server = b"TRAINING_ROLE=PSERVER" in env
-        if server if role == "server" else f"PADDLE_TRAINER_ID={index}".encode() in env:
+        server = b"TRAINING_ROLE=PSERVER" in env  # a server has a PADDLE_TRAINER_ID too
+        worker = not server and f"PADDLE_TRAINER_ID={index}".encode() in env
+        if server if role == "server" else worker:
             return pid
     return None
 
