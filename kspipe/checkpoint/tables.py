@@ -87,6 +87,15 @@ def read_table_rows(folder: str) -> dict:
     with open(os.path.join(folder, MANIFEST)) as f:
         saved = json.load(f)
     check_manifest(folder, None)
+    progress = os.path.join(os.path.dirname(folder), "progress.json")
+    if os.path.isfile(progress):
+        with open(progress) as f:
+            kind = json.load(f).get("kind")
+        if kind == "delta":  # a stream's delta holds the rows trained since the save before
+            raise ConfigError(
+                f"{os.path.dirname(folder)} is a stream's delta (the rows of one pass), not "
+                f"a whole model: start from a base (a checkpoint a day's end wrote)"
+            )
     if "rules" not in saved:
         raise ConfigError(
             f"{os.path.join(folder, MANIFEST)}: written before kspipe recorded "

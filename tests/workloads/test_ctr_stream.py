@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from kspipe.ctr.stream import layout
@@ -262,6 +263,31 @@ def served_as_the_cluster(run_dir, held: dict) -> None:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["test_instances"] == 150
     assert roc_auc(np.concatenate(labels), np.concatenate(scores)) == metrics["test_auc"]
+
+
+def test_a_new_stream_starts_from_a_saved_base(logs, stream):
+    """init_from= a finished stream's run folder (its last save: the last day's base)
+    starts a new stream whose first save is that model, row for row (ids and weights;
+    shows, clicks and optimiser state start afresh); a delta is refused in one line."""
+    from kspipe.checkpoint.tables import read_table_rows
+
+    run_dir, _ = stream
+    result = run_kspipe(
+        *args(logs, "onwards", f"init_from={run_dir}", f"ctr.stream.end_day={DAYS[0]}"),
+        cwd=logs,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    source = read_table_rows(str(run_dir / "stream-tables" / f"base-{DAYS[1]}"))
+    start = read_table_rows(str(logs / "onwards" / "stream-tables" / "start"))
+    for name, (ids, weights) in source.items():
+        order, again = np.argsort(ids), np.argsort(start[name][0])
+        assert (start[name][0][again] == ids[order]).all(), name
+        assert np.array_equal(start[name][1][again], weights[order]), name
+    partial = logs / "partial"
+    shutil.copytree(run_dir / "checkpoints", partial / "checkpoints")
+    shutil.rmtree(partial / "checkpoints" / "checkpoint-0000004")
+    refused = run_kspipe(*args(logs, "from-delta", f"init_from={partial}"), cwd=logs)
+    assert_one_line_error(refused, "is a stream's delta")
 
 
 def test_bad_stream_input_is_one_line(logs, tmp_path):

@@ -235,7 +235,8 @@ class Stream:
                 f"tables hold {sum(counted.values())} rows"
             )
             if self.s.dump_tables:
-                self.dump(f"pass-{number}" if kind == "delta" else f"base-{self.ended_day}")
+                name = f"pass-{number}" if kind == "delta" else f"base-{self.ended_day}"
+                self.dump(name if number else "start")
         self.role.barrier_worker()
 
     def dump(self, name: str) -> None:
@@ -256,6 +257,8 @@ class Stream:
         self.role.load_tables(merged, self.scope)
         if self.role.is_first_worker():
             self.held.restore(merged)
+        self.role.barrier_worker()  # every worker has read its manifest
+        if self.role.is_first_worker():
             shutil.rmtree(merged, ignore_errors=True)
         self.done, self.ended_day = progress["pass"], progress.get("ended_day", "")
         if progress.get("metric_totals") is not None:
