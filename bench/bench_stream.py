@@ -81,7 +81,6 @@ def run(name: str, overrides: list, args, logs: Path) -> dict:
         "ctr.stream.split_per_pass=2",
         "datafeed.format=slot",
         "datafeed.batch_size=256",
-        "ctr.learning_rate=0.01",
         "cluster.timeout_s=600",
         *overrides,
     ]
