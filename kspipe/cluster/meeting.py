@@ -83,6 +83,9 @@ def gloo_context(rank: int, size: int, endpoint: str):
         strategy.rank, strategy.rank_num = rank, size
         strategy.ip_address = "127.0.0.1"
         strategy.ip_port = int(relay.said.split()[1])
+        iface = interface_of(own_address())  # as meet(): not the loopback of the host's name
+        if iface:
+            strategy.iface = iface
         strategy.init_seconds, strategy.run_seconds = MEET_TIMEOUT_S, RUN_TIMEOUT_S
         context = core.GlooParallelContext(strategy)
         context.init()
@@ -126,13 +129,19 @@ def meet(host: str, port: int, world: str, rank: int, size: int):
     gloo.set_rank(rank)
     gloo.set_size(size)
     gloo.set_prefix(secret.token("gloo"))  # the book's keys: only the job knows the way
-    # the interface of this process's own address (a parameter-server job's POD_IP): left
-    # to itself, gloo announces what this host's name resolves to, often a loopback address
-    gloo.set_iface(interface_of(os.environ.get("POD_IP", "")))
+    # the interface of this process's own address (a parameter-server job's POD_IP, a
+    # collective worker's PADDLE_CURRENT_ENDPOINT): left to itself, gloo announces what
+    # this host's name resolves to, often a loopback address
+    gloo.set_iface(interface_of(own_address()))
     gloo.set_timeout_seconds(MEET_TIMEOUT_S, RUN_TIMEOUT_S)
     gloo.set_http_store(host, port, world)
     gloo.init()
     return gloo
+
+
+def own_address(env=os.environ) -> str:
+    """This process's address in its job, as its launcher told it ("" if it did not)."""
+    return env.get("POD_IP") or env.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0]
 
 
 def wait_for(host: str, port: int) -> None:
