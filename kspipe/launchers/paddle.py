@@ -78,7 +78,7 @@ class PaddleLauncher(ProcessLauncher):
         finally:
             cluster.stop()
             follow.echo()
-            clear_progress(logs)
+            clear_progress(logs, [(p.role, p.index) for p in plan])  # this launcher's roles
             reporter.artifact(logs, "logs")
         return verdict(run_dir, logs, launcher.popen.returncode, started)
 

@@ -61,7 +61,8 @@ def kspipe_describe_workload(cfg):
         serving="kspipe.reptile.serving:FewShotModel",
         starts_from=True,
         resumes=True,
-        steps=cfg.train.meta_iters,  # the workers take turns at the meta-iterations
+        # the workers take turns at the meta-iterations (0: not known without a config)
+        steps=cfg.train.meta_iters if cfg is not None else 0,
         steps_key="train.meta_iters",
     )
 

@@ -134,7 +134,11 @@ def test_each_trial_records_the_data_it_trained_on_and_its_system_metrics(search
 #: A meta step this large sends the weights to infinity: the trial's training goes NaN (a
 #: failure at run time, which no check of the config can see), and the trial fails.
 DIVERGES = "train.meta_step=1e+38"
-NAN = "loss is nan at meta-train step 3"
+#: Its parameters go non-finite by the first checkpoint, which refuses them
+NAN = (
+    "parameter conv0.w holds nan (element [0, 0, 0, 0]; 144 of its 144 values are not "
+    "finite) at the checkpoint of step 2 (not written)"
+)
 
 
 def search_runs(tmp) -> tuple:

@@ -153,8 +153,10 @@ def test_a_paddle_tensor_reported_with_a_nan_stops_the_run(tmp_path):
     from kspipe.reporting import Reporter
 
     reporter = Reporter(testing.plugin_manager(testing.HookRecorder()).hook, str(tmp_path))
+    with paddle.base.dygraph.guard():  # an eager tensor, whatever mode earlier tests left
+        loss = paddle.to_tensor([1.0, 2.0, math.nan])
     with pytest.raises(NonFiniteError, match=r"^loss holds nan \(element \[2\]; 1 of its 3 "):
-        reporter.progress("train", 7, 10, {"loss": paddle.to_tensor([1.0, 2.0, math.nan])})
+        reporter.progress("train", 7, 10, {"loss": loss})
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 the checkpoint it resumes from, and the one MLflow run all its attempts record into.  The
 whole of it, on a real Slurm: tests/modes/test_slurm.py."""
 
+import shutil
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -65,12 +67,14 @@ def test_a_run_resumed_from_its_own_last_checkpoint_keeps_it(tmp_path):
             folder.mkdir(parents=True)
             (folder / "progress.json").write_text("{}")
     own = str(tmp_path / "run" / "checkpoints")
-    cfg = OmegaConf.create({"resume": str(tmp_path / "run" / "checkpoints" / "checkpoint-0000040")})
-    assert resumed_at(cfg, own, 40)
-    assert not resumed_at(cfg, own, 36)
-    assert resumed_at(OmegaConf.create({"resume": str(tmp_path / "run")}), own, 40)
-    assert not resumed_at(OmegaConf.create({"resume": str(tmp_path / "other")}), own, 40)
-    assert not resumed_at(OmegaConf.create({"resume": None}), own, 40)
+    loaded = str(tmp_path / "run" / "checkpoints" / "checkpoint-0000040")  # the learner's
+    assert resumed_at(loaded, own, 40)
+    assert not resumed_at(loaded, own, 36)
+    assert not resumed_at(str(tmp_path / "other" / "checkpoints" / "checkpoint-0000040"), own, 40)
+    assert not resumed_at(None, own, 40)
+    # it reads nothing: the checkpoint it resumed from may be pruned since
+    shutil.rmtree(loaded)
+    assert resumed_at(loaded, own, 40)
 
 
 def attempt_of(tmp_path, job_key: str, restarts, resumed_from=None, run_dir="outputs/job-bags"):

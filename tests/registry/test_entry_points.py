@@ -3,6 +3,7 @@ off), never in place of a built-in or an earlier plugin of the same name, listed
 ``kspipe plugins`` with their package and the hooks each serves; a plugin package
 pip-installed as a user installs it is found and runs."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -149,7 +150,9 @@ def test_an_installed_plugin_package_is_found_and_runs(tmp_path, tiny_data):
     env = plugin_env(site)
     listing = run_kspipe("plugins", cwd=tmp_path, env=env, timeout=120)
     shapes = [line for line in listing.stdout.splitlines() if line.startswith("shapes")]
-    assert shapes and "kspipe-shapes 0.1.0" in shapes[0] and "kspipe_read_dataset" in shapes[0]
+    version = re.search(r'^version = "(.+)"', (source / "pyproject.toml").read_text(), re.M)[1]
+    assert shapes and f"kspipe-shapes {version}" in shapes[0]
+    assert "kspipe_read_dataset" in shapes[0]
     helped = run_kspipe(
         "+experiment=shapes_5way", "shapes.classes=30", "--help", cwd=tmp_path, env=env, timeout=120
     )

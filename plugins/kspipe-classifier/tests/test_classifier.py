@@ -140,7 +140,7 @@ def test_a_batch_that_does_not_divide_among_workers_is_one_line(installed, tmp_p
         "(each takes an equal slice of every batch)"
     ], result.stderr
     # Hydra's own files only: no job.yaml, no logs/, no process started
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "jobs.log"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra"]
 
 
 @pytest.mark.parametrize(
