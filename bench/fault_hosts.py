@@ -69,7 +69,8 @@ def hosts(processes_class):
             return [*super().roles(kind), *summer, ("launcher", 1)]
 
         def loses_host(self, plan: dict) -> str | None:
-            if plan["fault"] == "link cut" or plan["role"] == "launcher":
+            launcher = plan["role"] == "launcher" and plan["fault"] == "SIGKILL"
+            if plan["fault"] == "link cut" or launcher:
                 return self.network.hosts[1].address  # worker 1's
             return None
 
