@@ -35,29 +35,11 @@ def convert(
     if fmt not in ("csv", "jsonl"):
         raise ConfigError(f"input format {fmt!r} must be csv or jsonl")
     slots = desc.slots
-    os.makedirs(output_dir, exist_ok=True)
-    written, out, count = [], None, 0
-    try:
-        for number, record in _records(input_path, fmt):
-            values = [_slot_values(record, slot, f"{input_path}:{number}") for slot in slots]
-            if out is None or count == lines_per_file:
-                if out:
-                    out.close()
-                written.append(os.path.join(output_dir, f"part-{len(written):05d}"))
-                out, count = open(written[-1], "w"), 0
-            out.write(format_line(values, slots) + "\n")
-            count += 1
-    except BaseException:
-        if out:
-            out.close()
-        for path in written:  # no half-converted data set is left to train on
-            os.remove(path)
-        raise
-    if out:
-        out.close()
-    if not written:
-        raise DataError(f"{input_path} has no records")
-    return written
+    rows = (
+        [_slot_values(record, slot, f"{input_path}:{number}") for slot in slots]
+        for number, record in _records(input_path, fmt)
+    )
+    return write_parts(rows, slots, input_path, output_dir, lines_per_file)
 
 
 def convert_log(
@@ -80,21 +62,29 @@ def convert_log(
         desc = DataFeedDesc(desc_path)
     if fmt == "slot" and label not in {s.name for s in desc.slots}:
         raise ConfigError(f"the desc {desc_path} has no label slot {label!r}")
+    rows = lines_as_multislot(input_path, fmt, desc, label, label_slot)
+    return write_parts(rows, desc.slots, input_path, output_dir, lines_per_file)
+
+
+def write_parts(rows, slots, input_path: str, output_dir: str, lines_per_file: int) -> list[str]:
+    """``rows`` (a slot's values each, read from ``input_path``) as MultiSlot files
+    ``part-00000`` ... of ``lines_per_file`` lines in ``output_dir``; on any error none is
+    left (no half-converted data set to train on).  Returns the files."""
     os.makedirs(output_dir, exist_ok=True)
     written, out, count = [], None, 0
     try:
-        for values in lines_as_multislot(input_path, fmt, desc, label, label_slot):
+        for values in rows:
             if out is None or count == lines_per_file:
                 if out:
                     out.close()
                 written.append(os.path.join(output_dir, f"part-{len(written):05d}"))
                 out, count = open(written[-1], "w"), 0
-            out.write(format_line(values, desc.slots) + "\n")
+            out.write(format_line(values, slots) + "\n")
             count += 1
     except BaseException:
         if out:
             out.close()
-        for path in written:  # no half-converted data set is left to train on
+        for path in written:
             os.remove(path)
         raise
     if out:

@@ -124,3 +124,14 @@ def bags_run(bags_env, tmp_path_factory):
 
     run.folders = folders
     return run
+
+
+@pytest.fixture
+def summers():
+    """The summers started in a test; each ends as its server would (stdin closed)."""
+    started: list = []
+    yield started
+    for process in started:
+        if process is not None:
+            process.stdin.close()
+            process.wait(timeout=30)

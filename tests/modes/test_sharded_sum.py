@@ -39,17 +39,6 @@ def book(monkeypatch):
     book.server_close()
 
 
-@pytest.fixture
-def summers():
-    """The summers started in a test; each ends as its server would (stdin closed)."""
-    started: list = []
-    yield started
-    for process in started:
-        if process is not None:
-            process.stdin.close()
-            process.wait(timeout=30)
-
-
 def run_workers(job: Job, rounds: list, dtype="float64") -> list:
     """Each worker's result of each round (``rounds[r][w]``: worker w's array in round r)."""
     results = [[None] * len(rounds) for _ in range(job.count)]

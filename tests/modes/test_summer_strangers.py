@@ -27,17 +27,6 @@ def job_secret(monkeypatch):
     monkeypatch.setenv(secret.SECRET_ENV, "cd" * 32)
 
 
-@pytest.fixture
-def summers():
-    """The summers started in a test; each ends as its server would (stdin closed)."""
-    started: list = []
-    yield started
-    for process in started:
-        if process is not None:
-            process.stdin.close()
-            process.wait(timeout=30)
-
-
 def test_a_stranger_at_a_summers_listener_changes_nothing(summers, capfd):
     """Connections that greet as no worker (garbage, half a greeting, a worker's index
     without the job's secret, an answer of a wrong secret) or as a worker already in are
