@@ -28,13 +28,18 @@ def accumulate(pred, label) -> list:
     p = paddle.cast(paddle.reshape(pred, [-1]), "float64")
     y = paddle.cast(paddle.reshape(label, [-1]), "float64")
     clipped = paddle.clip(p, 1e-7, 1 - 1e-7)
-    loss = -(y * paddle.log(clipped) + (1 - y) * paddle.log(1 - clipped))
+    # paddle.add and friends, not + - *: on shapes of unknown batch size the operators
+    # warn about Paddle 1's broadcasting, which no user of kspipe asked about.
+    loss = -paddle.add(
+        paddle.multiply(y, paddle.log(clipped)),
+        paddle.multiply(1 - y, paddle.log(1 - clipped)),
+    )
     values = {
         "instances": paddle.ones_like(p),
         "clicks": y,
         "predicted": p,
-        "abs_error": paddle.abs(p - y),
-        "sq_error": paddle.square(p - y),
+        "abs_error": paddle.abs(paddle.subtract(p, y)),
+        "sq_error": paddle.square(paddle.subtract(p, y)),
         "log_loss": loss,
     }
     names = []
