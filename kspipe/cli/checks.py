@@ -16,6 +16,7 @@ usage:
   kspipe -m [overrides...]     a sweep of it: one job per combination (key=a,b)
   kspipe plugins               the installed plugins, and what each adds
   kspipe datafeed --help       write and check MultiSlot files
+  kspipe ctr --help            bring a stream's served model up to a later save
   kspipe --cfg job [...]       the job's config, composed, without running it
   kspipe --hydra-help          Hydra's own flags
 """

@@ -1,7 +1,8 @@
 """The ``kspipe`` command: Hydra composes the config, :func:`kspipe.pipeline.run` runs it.
 
 ``kspipe [overrides...]`` runs a job (``-m`` sweeps); ``kspipe plugins`` lists plugins;
-``kspipe datafeed ...`` writes and checks MultiSlot files.
+``kspipe datafeed ...`` writes and checks MultiSlot files; ``kspipe ctr refresh ...`` brings a
+stream's served model up to a later save.
 Mistakes the user can fix print one line, ``kspipe: error: ...``, and exit non-zero.
 
 The command reads its arguments as Hydra will (:mod:`kspipe.cli.arguments`), checks them
@@ -39,7 +40,7 @@ from kspipe.errors import KspipeError
 from kspipe.process import stopping
 
 #: the command's first arguments that name a command of their own, not a job
-SUBCOMMANDS = ("plugins", "datafeed")
+SUBCOMMANDS = ("plugins", "datafeed", "ctr")
 
 #: The variable that has Hydra let an error through rather than print it (:func:`run_hydra`)
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -114,6 +115,10 @@ def checked_jobs(args: list[str]):
         from kspipe.datafeed.cli import main as datafeed_main
 
         sys.exit(datafeed_main(args[1:]))
+    if args and args[0] == "ctr":
+        from kspipe.ctr.cli import main as ctr_main
+
+        sys.exit(ctr_main(args[1:]))
     stopping.end_quickly()
     runs = runs_a_job(args)
     if runs:

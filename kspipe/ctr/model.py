@@ -43,6 +43,7 @@ class CtrPrograms:
     raw_ids: bool = False  # ids keep rows of their own on the servers (not hashed)
     dataset: object = None  # the data set the programs read (its slots)
     sums: list = field(default_factory=list)  # the pass's accumulated sums (kspipe.ctr.metrics)
+    stream_save: str = ""  # a stream's last save, which its exported model serves
 
 
 def build(cfg, dataset, role) -> CtrPrograms:

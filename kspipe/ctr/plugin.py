@@ -130,6 +130,7 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
     start.load_tables(role)
     if cfg.ctr.stream.root is not None:
         metrics = stream.run(cfg, role, dataset, programs, executor, scope, reporter)
+        programs.stream_save = stream.last_save(reporter.run_dir)  # the model serves it
     else:
         metrics = train(cfg, role, dataset, programs, executor, scope, reporter)
     role.finish_training(scope)
@@ -145,7 +146,7 @@ def kspipe_execute(cfg, role, dataset, programs, executor, scope, reporter):
 def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
     from kspipe.inference import export
 
-    return export(
+    prefix = export(
         cfg,
         dirname,
         programs.infer,
@@ -154,3 +155,8 @@ def kspipe_save_inference_model(cfg, role, programs, executor, scope, dirname):
         executor,
         programs.export_scope or scope,
     )
+    if programs.stream_save:  # which save the model serves, for kspipe ctr refresh
+        from kspipe.ctr.stream.refresh import mark
+
+        mark(dirname, programs.stream_save)
+    return prefix

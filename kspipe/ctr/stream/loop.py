@@ -299,6 +299,11 @@ def run(cfg, role, dataset, programs, executor, scope, reporter) -> dict:
     return Stream(cfg, role, dataset, programs, executor, scope, reporter).run()
 
 
+def last_save(run_dir: str) -> str:
+    """The stream's last save in ``run_dir`` (after its last day's end: a base)."""
+    return checkpoint.latest(os.path.join(run_dir, "checkpoints"))
+
+
 def multislot_lines(path: str, desc, widths: dict):
     with open(path) as f:
         for number, line in enumerate(f, 1):
