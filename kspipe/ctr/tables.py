@@ -37,6 +37,9 @@ RULE_FIELD = {
     "SparseAdamSGDRule": "adam",
     "SparseSharedAdamSGDRule": "adam",
 }
+#: The rule Paddle 2.6.2 gives a table whose rule has no name (``the_one_ps.py``, whatever
+#: the accessor): the parameters under ``adam`` are then the ones that count.
+DEFAULT_RULE = "SparseAdamSGDRule"
 #: The show and click variables of the training program (ShowClickEntry's names).
 SHOW, CLICK = "ctr_show", "ctr_click"
 #: ctr_accessor_param's keys: (lowest, highest or None, the lowest excluded)
@@ -131,25 +134,36 @@ def check_table(key: str, t, embedding_dim: int) -> None:
             )
 
 
+def rule_name(rule) -> str:
+    """The update rule a table's ``embed_sgd_param`` or ``embedx_sgd_param`` gets."""
+    return rule.name if rule.name is not None else DEFAULT_RULE
+
+
 def check_rule(key: str, rule) -> None:
-    if rule.name is None:
-        return
-    if rule.name not in RULES:
+    if rule.name is not None and rule.name not in RULES:
         raise ConfigError(f"{key}.name={rule.name!r} must be one of {', '.join(RULES)}")
-    params = rule[RULE_FIELD[rule.name]]
-    for name in ("learning_rate", "initial_range", "initial_g2sum", "ada_epsilon"):
-        value = params.get(name)
+    name = rule_name(rule)
+    kind = RULE_FIELD[name]
+    for other in ("naive", "adagrad", "adam"):
+        given = [k for k, v in rule[other].items() if v is not None]
+        if other != kind and given:  # Paddle would build the rule without them
+            raise ConfigError(
+                f"{key}.{other}.{given[0]} is given but the rule is {name}"
+                + (" (name null: Paddle's default)" if rule.name is None else "")
+                + f", which takes {kind}.*: set {key}.name to the rule it is for"
+            )
+    params = rule[kind]
+    for field in ("learning_rate", "initial_range", "initial_g2sum", "ada_epsilon"):
+        value = params.get(field)
         if value is not None and value < 0:
-            raise ConfigError(f"{key}.{RULE_FIELD[rule.name]}.{name}={value} must be >= 0")
-    for name in ("beta1_decay_rate", "beta2_decay_rate"):
-        value = params.get(name)
+            raise ConfigError(f"{key}.{kind}.{field}={value} must be >= 0")
+    for field in ("beta1_decay_rate", "beta2_decay_rate"):
+        value = params.get(field)
         if value is not None and not 0 <= value < 1:
-            raise ConfigError(f"{key}.adam.{name}={value} must be in [0, 1)")
+            raise ConfigError(f"{key}.adam.{field}={value} must be in [0, 1)")
     bounds = params.get("weight_bounds")
     if bounds is not None and (len(bounds) != 2 or bounds[0] >= bounds[1]):
-        raise ConfigError(
-            f"{key}.{RULE_FIELD[rule.name]}.weight_bounds={list(bounds)} must be [low, high]"
-        )
+        raise ConfigError(f"{key}.{kind}.weight_bounds={list(bounds)} must be [low, high]")
 
 
 def server_tables(cfg, names) -> dict:
@@ -169,9 +183,11 @@ def server_tables(cfg, names) -> dict:
         t.pop("entry", None)
         for part in ("embed_sgd_param", "embedx_sgd_param"):
             rule = t["accessor"][part]
-            # only the chosen rule's parameters travel (Paddle fills in the others' defaults)
+            # only the chosen rule's parameters travel (Paddle fills in the others' defaults);
+            # a rule without a name is Paddle's default, whose parameters are adam's
+            chosen = RULE_FIELD[rule.get("name") or DEFAULT_RULE]
             for kind in ("naive", "adagrad", "adam"):
-                if rule.get("name") is None or RULE_FIELD[rule["name"]] != kind:
+                if kind != chosen:
                     rule.pop(kind)
         tables[name] = given(t)
     return tables
