@@ -44,14 +44,41 @@ GONE_EXECUTION_OPTIONS = (
 )
 
 
+def check_options(cfg) -> None:
+    """``cfg.compile``'s option names, before any process starts (a cluster job's compile
+    stage runs in its workers, after the job began): a :class:`ConfigError` for the first
+    that Paddle 2.6.2 does not honour."""
+    check_execution_strategy(dict(cfg.compile.get("execution_strategy") or {}))
+    names = list(cfg.compile.get("build_strategy") or {})
+    if names:
+        import paddle
+
+        strategy = paddle.static.BuildStrategy()
+        for name in names:
+            check_build_option(strategy, name)
+
+
+def check_build_option(strategy, name: str) -> None:
+    if not hasattr(strategy, name):
+        raise ConfigError(
+            f"compile.build_strategy.{name}: Paddle's BuildStrategy has no such option"
+        )
+
+
 def apply_execution_strategy(options: dict) -> None:
     """The ExecutionStrategy options Paddle 2.6.2 still honours: ``num_threads``."""
-    for name, value in options.items():
-        if name == "num_threads":
-            from paddle.base import core
+    check_execution_strategy(options)
+    if "num_threads" in options:
+        from paddle.base import core
 
-            core.set_num_threads(int(value))
-        elif name in GONE_EXECUTION_OPTIONS:
+        core.set_num_threads(int(options["num_threads"]))
+
+
+def check_execution_strategy(options: dict) -> None:
+    for name in options:
+        if name == "num_threads":
+            continue
+        if name in GONE_EXECUTION_OPTIONS:
             raise ConfigError(
                 f"compile.execution_strategy.{name}: Paddle 2.6.2 no longer "
                 f"honours it (ExecutionStrategy went with ParallelExecutor and "
@@ -88,9 +115,6 @@ def compile_with(program, options: dict):
 
     strategy = paddle.static.BuildStrategy()
     for name, value in options.items():
-        if not hasattr(strategy, name):
-            raise ConfigError(
-                f"compile.build_strategy.{name}: Paddle's BuildStrategy has no such option"
-            )
+        check_build_option(strategy, name)
         setattr(strategy, name, value)
     return paddle.static.CompiledProgram(program, build_strategy=strategy)

@@ -180,7 +180,8 @@ def validate(cfg) -> None:
 
     ``workers`` and ``servers`` are a count or an endpoint list, so no schema type checks
     them: here, in every mode, each must be a whole count of at least 1 or a ``host:port``
-    list.
+    list.  ``compile``'s option names are checked here too
+    (:func:`kspipe.compiling.check_options`), not first in a cluster job's workers.
     """
     from kspipe.cluster.endpoints import parse_endpoints
 
@@ -189,3 +190,7 @@ def validate(cfg) -> None:
         parse_endpoints(cfg.get(key), key)
     if cfg.get("cluster") is not None and cfg.cluster.get("max_restarts") is not None:
         check_integer(cfg.cluster.max_restarts, "cluster.max_restarts", 0)
+    if cfg.get("compile") is not None:  # a cluster job compiles in its workers, once begun
+        from kspipe.compiling import check_options
+
+        check_options(cfg)

@@ -31,10 +31,43 @@ def kspipe_config_schemas():
 
 
 @hookimpl
-def kspipe_read_dataset(cfg, role):
+def kspipe_check_config(cfg):
+    """``dataset.name`` and, for a cluster job this command starts on this host, the
+    layout of ``dataset.root`` (its folders listed, no image read): refused here, before
+    any process starts, the job leaves no run and no run folder.  A job whose workers run
+    elsewhere (other hosts, Slurm's nodes, Kubernetes' pods) has each worker check its own
+    host's data as it reads it."""
+    if cfg.stages.dataset != "open_ks":
+        return
     data = cfg.dataset
     if data.name not in KINDS:
         raise ConfigError(f"dataset.name={data.name!r} is not one of {', '.join(KINDS)}")
+    if data.root is None and data.name != "omniglot":
+        raise ConfigError(
+            f"dataset.name={data.name} has no embedded data set: set dataset.root to its folder"
+        )
+    if data.root is not None and workers_read_here(cfg):
+        read_classes(data, user_path(data.root), data.image_size or KINDS[data.name][0], cfg.seed)
+
+
+def workers_read_here(cfg) -> bool:
+    """Whether ``cfg`` is a cluster job that this command starts, every worker on this host:
+    ``workers`` a count, under kspipe's own launcher or Paddle's (not one of the job's own
+    processes, which read the data in their dataset stage)."""
+    from kspipe.cluster import environment
+    from kspipe.cluster.endpoints import parse_endpoints
+
+    return (
+        cfg.mode in ("pserver", "collective")
+        and not environment.any_given()
+        and (cfg.cluster.get("launcher") or "processes") in ("processes", "paddle")
+        and parse_endpoints(cfg.get("workers"), "workers") is None
+    )
+
+
+@hookimpl
+def kspipe_read_dataset(cfg, role):
+    data = cfg.dataset
     default_size, channels = KINDS[data.name]
     size = data.image_size or default_size
     if role.is_server():  # a parameter server needs the image shape, not the images
@@ -43,10 +76,6 @@ def kspipe_read_dataset(cfg, role):
         )
     root, store = data.root, None
     if root is None:
-        if data.name != "omniglot":
-            raise ConfigError(
-                f"dataset.name={data.name} has no embedded data set: set dataset.root to its folder"
-            )
         embedded = data.embedded
         root = str(
             kanji.ensure(
@@ -61,18 +90,7 @@ def kspipe_read_dataset(cfg, role):
         )
         store = os.path.join(root, f"decoded-{size}px")  # kspipe's own folder: kept there
     root = user_path(root)
-    if os.path.isdir(os.path.join(root, "train")):
-        kind = Open_KS_Character if data.name == "omniglot" else Open_KS_ImageNet
-        cache: dict = {}
-        train, val, test = Open_KS_read(kind, cache=cache, size=size).read_dataset(root)
-    elif data.name == "omniglot":
-        train, val, test = read_omniglot(
-            root, data.train_characters, seed=cfg.seed, size=size, augment=data.augment
-        )
-    else:
-        if not os.path.exists(root):
-            raise DataError(f"data folder {root} does not exist")
-        raise DataError(f"data folder {root} has no 'train' folder (expected {SPLIT_LAYOUT})")
+    train, val, test = read_classes(data, root, size, cfg.seed, augment=data.augment)
     if decoded_mib(train, val, test) <= data.preload_mib:
         preload_images(train, val, test, store=store)  # each image decoded once: verified too
     elif data.verify:
@@ -86,6 +104,19 @@ def kspipe_read_dataset(cfg, role):
         root=root,
         training_data=training_data(data, root, size, (*train, *val, *test)),
     )
+
+
+def read_classes(data, root: str, size: int, seed: int, augment: bool = False) -> tuple:
+    """The (train, val, test) classes of the data set in ``root``, its folders listed (no
+    image read); a :class:`DataError` saying what ``root`` lacks."""
+    if os.path.isdir(os.path.join(root, "train")):
+        kind = Open_KS_Character if data.name == "omniglot" else Open_KS_ImageNet
+        return Open_KS_read(kind, cache={}, size=size).read_dataset(root)
+    if data.name == "omniglot":
+        return read_omniglot(root, data.train_characters, seed=seed, size=size, augment=augment)
+    if not os.path.exists(root):
+        raise DataError(f"data folder {root} does not exist")
+    raise DataError(f"data folder {root} has no 'train' folder (expected {SPLIT_LAYOUT})")
 
 
 def training_data(data, root: str, size: int, classes) -> TrainingData:

@@ -138,3 +138,31 @@ def test_a_refused_job_of_a_sweep_leaves_no_folder_and_the_sweep_its_record(tmp_
     assert children[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
     table = (sweep / "comparison" / "comparison.csv").read_text().splitlines()
     assert len(table) == 2 and str(tiny_data) in table[1]
+
+
+def test_a_cluster_job_refused_for_what_its_workers_would_find_leaves_nothing(tmp_path):
+    """``mode=pserver workers=2`` under kspipe's own launcher: a data folder that is not
+    there, or a compile option Paddle no longer honours, which the workers' dataset and
+    compile stages would refuse after the job began (a FAILED run and its folder, ~30 s
+    later), is one line before any process starts: no run folder, no MLflow run."""
+    cases = {
+        f"dataset.root={tmp_path / 'missing'}": "missing does not exist",
+        "+compile.execution_strategy.allow_op_delay=true": "no longer honours it",
+    }
+    commands = [  # both at once: each takes seconds to compose and check
+        subprocess.Popen(
+            [sys.executable, "-m", "kspipe.cli.command", "+experiment=omniglot_5way"]
+            + ["mode=pserver", "workers=2", "cluster.launcher=processes", override]
+            + [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for override in cases
+    ]
+    for command, said in zip(commands, cases.values()):
+        out, err = command.communicate(timeout=120)
+        assert_one_line_error(subprocess.CompletedProcess([], command.returncode, out, err), said)
+    assert not (tmp_path / "outputs").exists()
+    assert run_statuses(tmp_path / "mlflow.db") == []
