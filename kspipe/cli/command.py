@@ -116,7 +116,7 @@ def checked_jobs(args: list[str]):
 
         sys.exit(datafeed_main(args[1:]))
     if args and args[0] == "ctr":
-        from kspipe.ctr.cli import main as ctr_main
+        from kspipe.cli.ctr import main as ctr_main
 
         sys.exit(ctr_main(args[1:]))
     stopping.end_quickly()

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from kspipe.ctr.cli import main
+from kspipe.cli.ctr import main
 from kspipe.ctr.stream.generated import write_stream
 from kspipe.ctr.stream.refresh import Model, refresh
 from kspipe.testing import begun_store, run_kspipe
@@ -165,8 +165,7 @@ def test_a_refresh_never_skips_a_base_nor_goes_back(streams, tmp_path, capsys):
     shutil.copytree(checkpoint(root, 3), later / "checkpoint-0000003")
     shutil.copytree(checkpoint(root, 2), later / "checkpoint-0000004")
     progress = json.loads((later / "checkpoint-0000004" / "progress.json").read_text())
-    progress["pass"] = 4
-    (later / "checkpoint-0000004" / "progress.json").write_text(json.dumps(progress))
+    (later / "checkpoint-0000004" / "progress.json").write_text(json.dumps(progress | {"pass": 4}))
     for model, save, fragment in (
         (base, checkpoint(root, 3), "checkpoint-0000003 is a base: a day's end evicted rows"),
         (base, later / "checkpoint-0000004", "a refresh cannot skip a base"),
@@ -177,3 +176,36 @@ def test_a_refresh_never_skips_a_base_nor_goes_back(streams, tmp_path, capsys):
         (error,) = capsys.readouterr().err.splitlines()  # one line, no traceback
         assert error.startswith("kspipe: error: ") and fragment in error, error
         assert not (tmp_path / "x").exists()
+
+
+def test_an_mlflow_model_is_refreshed_and_logged_again(streams, tmp_path):
+    """The stream's MLflow model (models:/<id>) refreshed to a delta after its base and
+    logged with --log as a new model of the stream's run, at the delta's pass."""
+    from mlflow import MlflowClient
+
+    root = streams
+    uri = begun_store(root)
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (run,) = [
+        r
+        for r in client.search_runs(experiments)
+        if r.data.params.get("ctr.stream.root") == str(root / "logs")
+    ]
+    (model,) = [
+        m
+        for m in client.search_logged_models(experiment_ids=experiments)
+        if m.source_run_id == run.info.run_id
+    ]
+    later = tmp_path / "checkpoints"  # a delta (pass 4) after the stream's last base
+    shutil.copytree(checkpoint(root, 3), later / "checkpoint-0000003")
+    shutil.copytree(checkpoint(root, 2), later / "checkpoint-0000004")
+    progress = json.loads((later / "checkpoint-0000004" / "progress.json").read_text())
+    (later / "checkpoint-0000004" / "progress.json").write_text(json.dumps(progress | {"pass": 4}))
+    output = tmp_path / "served"
+    argv = ["refresh", f"models:/{model.model_id}", str(later / "checkpoint-0000004")]
+    argv += ["--output", str(output), "--tracking-uri", uri, "--log", run.info.run_id]
+    assert main(argv) == 0
+    assert json.loads((output / "stream.json").read_text())["pass"] == 4
+    outputs = client.get_run(run.info.run_id).outputs.model_outputs
+    assert len(outputs) == 2 and max(o.step for o in outputs) == 4  # the stream's, then this

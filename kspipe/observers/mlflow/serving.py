@@ -135,6 +135,38 @@ def log_model(
     return f"runs:/{run_id}/{MODEL_NAME}"
 
 
+def download_model(model_uri: str, uri: str, folder: str) -> str:
+    """The ``inference_model`` folder of the MLflow model ``model_uri`` (``models:/<id>``,
+    ``models:/<name>/<version>``, ``runs:/<run id>/model``) of the store ``uri``, downloaded
+    into ``folder``."""
+    try:
+        with quiet(), fluent_store(uri):
+            local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=folder)
+    except MlflowException as err:
+        raise ConfigError(f"{model_uri}: no such model in {uri}: {first_line(err)}") from None
+    found = os.path.join(local, "artifacts", "inference_model")
+    if not os.path.isdir(found):
+        raise ConfigError(f"{model_uri}: not a kspipe model (it has no inference_model)")
+    return found
+
+
+def log_model_folder(uri: str, run_id: str, model_dir: str, serving: str, step: int, **more):
+    """:func:`log_model` of the exported model ``model_dir`` (any folder, not only a run's
+    ``inference_model``) as a new model of the run ``run_id``, at ``step``."""
+    import shutil
+    import tempfile
+
+    def link(source, target):  # the files linked, not copied (MLflow copies them)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(model_dir))) as run_dir:
+        shutil.copytree(model_dir, os.path.join(run_dir, "inference_model"), copy_function=link)
+        return log_model(uri, run_id, run_dir, serving, step=step, **more)
+
+
 @contextlib.contextmanager
 def static_graph():
     """Paddle in static-graph mode for the block, as the exported programs need it.  A
