@@ -4,17 +4,25 @@ bandwidth (tests/kit/network.py; root only).
 
     python bench/bench_scale.py --workers 2,4,8,16 --mbit 200 --floats 1000000 \
         --against 8206396 --plot docs/scale.png
+    python bench/bench_scale.py --engines chain,gloo --shards 4:2,8:4,16:8 --mbit 50 \
+        --floats 8192,131072,1048576,4194304 --seconds 6 --out engines.json
 
-For each number of workers, and for this checkout's sum (``chain``) and a revision's
-(``--against``: 8206396 is the hub the chain replaced), the workers sum an array of
-``--floats`` float64 values ``--rounds`` times through ``WorkerSum`` (bench/sum_worker.py),
-and, for each ``workers:servers`` of ``--shards``, through the sync rounds' sum (the chain
-and a shard summer beside each server, each server a host of its own: sharded.py):
-the exchange is the real one, and the workers compute nothing else, so the links bound a
-round.  Printed per job: a round's time (the timed rounds' time over their number, the
-slowest worker's), the bytes each
-host sent and received per round (its link's counters: the busiest host's and the median
-host's), and the round's time against the same sum's at the fewest workers.  First, the
+For each size of ``--floats`` and each number of workers, and for this checkout's sum
+(``chain``), a revision's (``--against``: 8206396 is the hub the chain replaced) and
+Paddle's gloo (``gloo`` in ``--engines``: the ring all-reduce of the collective mode's CPU
+ops), the workers sum an array of that many float64 values ``--rounds`` times (more, up to
+``--seconds`` of timed rounds as the links' rate predicts) (bench/sum_worker.py), and, for
+each ``workers:servers`` of ``--shards``, through the sync rounds' sum (the chain and a
+shard summer beside each server, each server a host of its own: sharded.py): the exchange
+is the real one, and the workers compute nothing else, so the links bound a round unless
+the cores do.  Printed per job: a round's time (the timed rounds' time over their number,
+the slowest worker's), the bytes each host sent and received per round (its link's
+counters: the busiest host's and the median host's), the round's time against the same
+sum's at the fewest workers, how busy the machine's cores were while worker 0 timed its
+rounds (every process's, this bench's and anyone else's: near 100% the cores, not the
+links, may bound the round) and the share of the cores' time the workers themselves took.
+Every job's sum is checked against the workers' arrays added in worker order (the chain's
+bit for bit, gloo's ring within rounding).  First, the
 bridge's own limit (two hosts, links not shaped), so the links' rate can be kept below what
 the cores can carry for every link at once.
 
@@ -29,19 +37,27 @@ strategies listed, at each ``workers:servers`` of ``--sizes``:
 Printed per job: a step's time (worker 0's window between two barriers over its steps),
 the bytes a step of the busiest worker host and the busiest server host, the step against
 the same job's at the fewest workers, and, for sync, the digest of the final parameters
-(each job's own: the same job run again gives the same).
+(each job's own: the same job run again gives the same).  ``collective-gloo`` is the
+collective job with the workers' chain turned off: its gradients summed through Paddle's
+gloo ops (an all-gather where the buffer's bytes x (workers - 1) are at most 64 KiB, else
+the ring all-reduce, kspipe/modes/fused.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,7 +65,11 @@ sys.path.insert(0, ROOT)
 from tests.kit.network import Network  # noqa: E402
 
 WORKER = os.path.join(ROOT, "bench", "sum_worker.py")
-LABELS = {"chain": "chain (this checkout)", "shards": "chain and shard summers"}
+LABELS = {
+    "chain": "chain (this checkout)",
+    "shards": "chain and shard summers",
+    "gloo": "gloo's ring all-reduce (Paddle)",
+}
 BOOK_PORT = 7090  # the meeting point's, on the first server's host, for --shards
 BLAST = """
 import socket, sys, time
@@ -100,12 +120,45 @@ def bridge_limit() -> float:
         return got * 8 / (time.perf_counter() - started) / 1e9
 
 
+class Cores(threading.Thread):
+    """The machine's CPU time, busy and all, read from /proc/stat every 0.1 s."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples, self.done = [], threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            with open("/proc/stat") as stat:
+                ticks = [int(t) for t in stat.readline().split()[1:]]
+            self.samples.append((time.time(), sum(ticks) - ticks[3] - ticks[4], sum(ticks)))
+            self.done.wait(0.1)
+
+    def busy(self, start: float, end: float) -> float:
+        """The share of the cores' time that was busy between ``start`` and ``end``."""
+        self.done.set()
+        self.join()
+        inside = [s for s in self.samples if start <= s[0] <= end] or self.samples[-2:]
+        first, last = inside[0], inside[-1]
+        return (last[1] - first[1]) / max(last[2] - first[2], 1)
+
+
+def expected_sum(workers: int, floats: int) -> np.ndarray:
+    """The workers' arrays (sum_worker.py's) added in worker order."""
+    total = np.zeros(floats)
+    for index in range(workers):
+        total += np.random.default_rng(index).standard_normal(floats)
+    return total
+
+
 def job(workers: int, mbit: float, floats: int, rounds: int, which: str, servers=0) -> dict:
     """One job's round times and bytes per round (``servers``: hosts of their own, each
     with a shard summer, for ``which`` = ``shards``)."""
+    saved = tempfile.NamedTemporaryFile(suffix=".npy", delete=False).name
     with Network(hosts=servers + workers, mbit=mbit) as net:
         serving, working = net.hosts[:servers], net.hosts[servers:]
-        env = dict(os.environ, SUM_WORKERS=",".join(h.address for h in working))
+        env = dict(os.environ, SUM_WORKERS=",".join(h.address for h in working), SUM_SAVE=saved)
         env["KSPIPE_JOB_SECRET"] = secrets.token_hex(32)  # what every link's greeting shows
         addresses = env["SUM_WORKERS"]
         started = []  # the book and the summers: each ends when its standard input closes
@@ -116,6 +169,7 @@ def job(workers: int, mbit: float, floats: int, rounds: int, which: str, servers
                 command = [sys.executable, WORKER, "serve", str(s), str(floats)]
                 started.append(host.popen(command, stdin=subprocess.PIPE, env=env, cwd=ROOT))
         before = [counters(h) for h in net.hosts]
+        cores = Cores()
         command = [str(floats), str(rounds), which]
         running = [
             h.popen(
@@ -139,6 +193,10 @@ def job(workers: int, mbit: float, floats: int, rounds: int, which: str, servers
             process.wait(timeout=60)
     if len({r["digest"] for r in results}) != 1:
         raise SystemExit(f"the {which} job's workers hold different sums")
+    error = float(np.max(np.abs(np.load(saved) - expected_sum(workers, floats))))
+    os.unlink(saved)
+    if error > 1e-9:
+        raise SystemExit(f"the {which} job's sum is off by up to {error:g}")
     # a round's time is the timed rounds' wall-clock time over their number, the slowest
     # worker's: a worker that ends a round early starts the next one early, so one round's
     # own time would hide what the links carry for the others
@@ -153,6 +211,11 @@ def job(workers: int, mbit: float, floats: int, rounds: int, which: str, servers
         "median_bytes": statistics.median(moved[servers:]),
         "server_bytes": max(moved[:servers], default=0.0),
         "digest": results[0]["digest"],
+        "exact": error == 0.0,
+        "rounds": rounds,
+        "cpu_busy": cores.busy(results[0]["started"], results[0]["ended"]),
+        # the workers' own CPU time over the cores' time in the round (summers not counted)
+        "workers_cpu": sum(r["cpu_s"] for r in results) / (rounds * per_round * os.cpu_count()),
     }
 
 
@@ -209,12 +272,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="2,4,8,16")
     parser.add_argument("--mbit", type=float, default=200.0)
-    parser.add_argument("--floats", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floats", default="1000000", help="the arrays' sizes, ...")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds, at least")
+    parser.add_argument("--seconds", type=float, default=0.0, help="timed rounds' time, about")
+    parser.add_argument("--engines", default="chain", help="the sums: chain,gloo")
     parser.add_argument("--against", default="", help="a git revision's sum to compare")
     parser.add_argument("--plot", default="", help="a PNG of round time by workers")
     parser.add_argument(
-        "--jobs", default="", help="whole jobs: sync,sync-chain,async,geo,collective"
+        "--jobs",
+        default="",
+        help="whole jobs: sync,sync-chain,async,geo,collective,collective-gloo",
     )
     parser.add_argument("--sizes", default="2:1,4:2,8:4,16:8", help="workers:servers, ...")
     parser.add_argument(
@@ -232,41 +299,52 @@ def main() -> None:
         return
     print(f"bridge's limit, one stream, links not shaped: {bridge_limit():.2f} Gbit/s", flush=True)
     counts = [int(n) for n in args.workers.split(",") if n]
-    runs = [(which, n, 0) for which in ["chain"] + [args.against] * bool(args.against)
-            for n in counts]  # fmt: skip
+    engines = [e for e in args.engines.split(",") if e] + [args.against] * bool(args.against)
+    runs = [(which, n, 0) for which in engines for n in counts]
     for size in filter(None, args.shards.split(",")):
         runs.append(("shards", *(int(n) for n in size.split(":"))))
+    runs.sort(key=lambda run: run[1])  # the sums of a size side by side: the same load
+    print(f"links at {args.mbit:g} Mbit/s each way, TCP {Network().congestion} on every host")
+    rows = []
+    for floats in [int(n) for n in args.floats.split(",") if n]:
+        rows += sums_of_size(args, floats, runs)
+    if any(not r["exact"] for r in rows if r["sum"] != "gloo"):
+        raise SystemExit("a chain's sum is not the workers' arrays added in worker order")
+    print("every job's workers hold the same sum; the chains' are the workers' arrays added in "
+          "worker order, bit for bit, gloo's within rounding")  # fmt: skip
+    if args.plot:
+        floats = rows[-1]["floats"]
+        title = f"{floats * 8 / 2**20:.0f} MiB float64 a round, links at {args.mbit:g} Mbit/s"
+        plot([r for r in rows if r["floats"] == floats], args.plot, title)
+        print(f"plot: {args.plot}")
+
+
+def sums_of_size(args, floats: int, runs: list) -> list[dict]:
+    """Every job of ``runs`` with arrays of ``floats`` float64, printed as it ends."""
+    print(f"{floats:,} float64 ({floats * 8 / 2**20:g} MiB) a round")
+    print("sum       workers servers  rounds  round_s  vs_fewest  busiest_worker_MB  "
+          "median_worker_MB  busiest_server_MB  cores_busy  workers'")  # fmt: skip
     rows, first = [], {}
-    print(
-        f"{args.floats:,} float64 ({args.floats * 8 / 2**20:.1f} MiB) a round, links at "
-        f"{args.mbit:g} Mbit/s each way, TCP {Network().congestion} on every host"
-    )
-    print("sum       workers servers  round_s  vs_fewest  busiest_worker_MB  median_worker_MB"
-          "  busiest_server_MB")  # fmt: skip
+    link = args.mbit * 1e6 / 8
     for which, workers, servers in runs:
-        row = job(workers, args.mbit, args.floats, args.rounds, which, servers)
+        # a round's bytes each way on the busiest link are at most 2 S (a chain's middle)
+        predicted = floats * 8 * (1 if workers == 2 else 2) / link + 0.002 * workers
+        rounds = max(args.rounds, min(300, math.ceil(args.seconds / predicted)))
+        row = job(workers, args.mbit, floats, rounds, which, servers)
+        row.update(mbit=args.mbit, floats=floats)
         first.setdefault(which, row["round_s"])
         rows.append(row)
         print(
-            f"{which:<9} {workers:>7} {servers:>7}  {row['round_s']:7.3f}  "
-            f"{row['round_s'] / first[which]:8.2f}x  {row['busiest_bytes'] / 1e6:17.1f}  "
-            f"{row['median_bytes'] / 1e6:16.1f}  {row['server_bytes'] / 1e6:17.1f}",
+            f"{which:<9} {workers:>7} {servers:>7}  {rounds:>6}  {row['round_s']:7.3f}  "
+            f"{row['round_s'] / first[which]:8.2f}x  {row['busiest_bytes'] / 1e6:17.2f}  "
+            f"{row['median_bytes'] / 1e6:16.2f}  {row['server_bytes'] / 1e6:17.2f}  "
+            f"{row['cpu_busy']:9.0%}  {row['workers_cpu']:8.0%}",
             flush=True,
         )
         if args.out:
             with open(args.out, "a") as out:
-                out.write(json.dumps(dict(row, mbit=args.mbit, floats=args.floats)) + "\n")
-    digests = {(r["workers"], r["digest"]) for r in rows}
-    if len(digests) != len({r["workers"] for r in rows}):
-        raise SystemExit("the sums differ between the implementations")
-    print("every job's workers hold the same sum, equal between the implementations")
-    if args.plot:
-        plot(
-            rows,
-            args.plot,
-            f"{args.floats * 8 / 2**20:.0f} MiB float64 a round, links at {args.mbit:g} Mbit/s",
-        )
-        print(f"plot: {args.plot}")
+                out.write(json.dumps(row) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

@@ -211,12 +211,12 @@ def jobs_in(args, env: dict) -> None:
         for kind in args.jobs.split(","):
             first = None
             seen = set()
+            base, extra = variant(kind, args.k_steps)
             for workers, servers in sizes:
-                servers = 0 if kind == "collective" else servers
+                servers = 0 if base == "collective" else servers
                 if (workers, servers) in seen:
                     continue
                 seen.add((workers, servers))
-                base, extra = variant(kind, args.k_steps)
                 row = whole_job(
                     base, workers, servers, weights, args.mbit, env, args.steps, extra=extra
                 )
@@ -243,9 +243,13 @@ def jobs_in(args, env: dict) -> None:
 
 def variant(kind: str, k_steps: int) -> tuple:
     """A job kind of ``--jobs`` as a mode's kind and its extra overrides: ``sync-chain`` is
-    sync summed along the workers' chain alone (no shard summers beside the servers)."""
+    sync summed along the workers' chain alone (no shard summers beside the servers),
+    ``collective-gloo`` collective with its gradients summed through Paddle's gloo ops, the
+    chain turned off (the workload's ``scale.chain=false``)."""
     if kind == "sync-chain":
         return "sync", ("cluster.shard_sum=false",)
+    if kind == "collective-gloo":
+        return "collective", ("scale.chain=false",)
     if kind == "geo":
         return "geo", (f"cluster.k_steps={k_steps}",)
     return kind, ()

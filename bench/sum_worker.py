@@ -1,15 +1,18 @@
 """One worker of bench_scale.py's sync rounds, run in a host of the emulated network.
 
-    python bench/sum_worker.py <index> <addresses,...> <floats> <rounds> <chain|REV|shards>
+    python bench/sum_worker.py <index> <addresses,...> <floats> <rounds> <chain|REV|shards|gloo>
     python bench/sum_worker.py serve <server> <floats>
 
 Worker ``index`` of ``len(addresses)`` sums an array of ``floats`` float64 values with the
 others ``rounds`` times through kspipe's ``WorkerSum`` (``chain``: this checkout's;
-a git revision: that revision's ``kspipe/modes/summing.py``, e.g. the hub it replaced) or
-its sync rounds' sum (``shards``: the chain and the servers' shard summers,
-kspipe/modes/ps/sharded.py), after one round that is not timed, and prints one JSON line:
-the seconds of each timed round and a digest of the last sum (every worker must print the
-same).  ``serve``: server ``server`` starts its shard summer and keeps it until its
+a git revision: that revision's ``kspipe/modes/summing.py``, e.g. the hub it replaced), its
+sync rounds' sum (``shards``: the chain and the servers' shard summers,
+kspipe/modes/ps/sharded.py) or Paddle's gloo (``gloo``: a program of one ``c_allreduce_sum``
+over the gloo world the collective mode's CPU ops use, :class:`GlooSum`), after one round
+that is not timed, and prints one JSON line: the seconds of each timed round, their
+wall-clock window and this process's CPU time in it, and a digest of the last sum (every
+worker must print the same; with ``SUM_SAVE`` set, worker 0 also saves its last sum there,
+a ``.npy``).  ``serve``: server ``server`` starts its shard summer and keeps it until its
 standard input closes.  Both find the servers' addresses in ``SUM_SERVERS`` (comma
 separated) and the job's meeting point as kspipe's processes do (``PADDLE_GLOO_*``).
 """
@@ -30,6 +33,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GATHER_PORT = 7099  # worker 0's, for the workers' one all_gather (the ports they listen on)
+BOOK_PORT = 7098  # worker 0's, gloo's meeting point (``gloo``)
 WORD = struct.Struct("!q")
 PAIR = struct.Struct("!qq")  # a worker's index and its value
 
@@ -119,6 +123,37 @@ def receive(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+class GlooSum:
+    """``sum(array)`` through Paddle's gloo ring all-reduce: the world the collective mode
+    makes on CPU (:func:`kspipe.cluster.meeting.gloo_context`, worker 0 serving its meeting
+    point) and its op (``c_allreduce_sum`` on ring 0, whose CPU kernel calls gloo's
+    ``allreduce``), in a program built once; a round sets the array into the program's
+    variable, runs it and reads the sum back, as a role's ``all_reduce_worker`` does."""
+
+    def __init__(self, index: int, addresses: list[str], floats: int):
+        sys.path.insert(0, ROOT)
+        import paddle
+
+        from kspipe.cluster.meeting import gloo_context
+        from kspipe.modes.collective import reduce_program
+
+        paddle.enable_static()
+        os.environ["PADDLE_CURRENT_ENDPOINT"] = f"{addresses[index]}:{7000 + index}"
+        self.context, self.book = gloo_context(index, len(addresses), f"{addresses[0]}:{BOOK_PORT}")
+        self.program = reduce_program({"value": ((floats,), "float64")}, "c_allreduce_sum")
+        self.scope, self.place = paddle.static.Scope(), paddle.CPUPlace()
+        self.executor = paddle.static.Executor(self.place)
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        tensor = self.scope.var("value").get_tensor()
+        tensor.set(values, self.place)
+        self.executor.run(self.program, scope=self.scope)
+        return np.array(tensor)
+
+    def close(self) -> None:
+        self.context.barrier()  # worker 0 keeps the meeting point until every worker is done
+
+
 def serve(server: int, floats: int) -> None:
     sys.path.insert(0, ROOT)
     from kspipe.modes.ps import sharded
@@ -147,18 +182,24 @@ def main(argv: list[str]) -> None:
         from kspipe.modes.ps import sharded
 
         chain = sharded.worker_sum(Role(index, addresses), floats)
+    elif which == "gloo":
+        chain = GlooSum(index, addresses, floats)
     else:
         chain = summing_module(which).WorkerSum(Role(index, addresses))
     values = np.random.default_rng(index).standard_normal(floats)
     chain.sum(values)  # not timed: the links' first bytes, the pages of the buffers
-    seconds = []
+    seconds, started, cpu = [], time.time(), time.process_time()
     for _ in range(rounds):
         started = time.perf_counter()
         total = chain.sum(values)
         seconds.append(time.perf_counter() - started)
+    ended, cpu = time.time(), time.process_time() - cpu
     chain.close()
     digest = hashlib.sha256(total.tobytes()).hexdigest()[:16]
-    print(json.dumps({"index": index, "seconds": seconds, "digest": digest}), flush=True)
+    if index == 0 and os.environ.get("SUM_SAVE"):
+        np.save(os.environ["SUM_SAVE"], total)
+    window = {"started": started, "ended": ended, "cpu_s": cpu}
+    print(json.dumps({"index": index, "seconds": seconds, "digest": digest, **window}), flush=True)
 
 
 if __name__ == "__main__":

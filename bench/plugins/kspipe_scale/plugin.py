@@ -36,6 +36,7 @@ class ScaleConfig:
     compute_ms: float = 0.0  # sleep a step: a host's own compute
     learning_rate: float = 0.1
     seed: int = 0
+    chain: bool = True  # false: a collective job's sum through Paddle's gloo ops instead
 
 
 @hookimpl
@@ -85,6 +86,10 @@ def kspipe_build_program(cfg, dataset, role):
 def kspipe_compile_program(cfg, role, programs):
     import paddle
 
+    if not cfg.scale.chain:
+        from kspipe.modes import fused
+
+        fused.CHAIN_BYTES = -1  # no buffer is small enough for the chain: gloo's ops sum
     with (
         paddle.utils.unique_name.guard(),
         paddle.static.program_guard(programs.main, programs.startup),
