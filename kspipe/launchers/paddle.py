@@ -36,6 +36,7 @@ from kspipe.launchers.restarts import Why, tagged
 from kspipe.launchers.stalls import StallWatch
 from kspipe.launchers.stalls import clear as clear_progress
 from kspipe.launchers.watcher import ECHOED, Cluster, error_line, worker_command, write_job
+from kspipe.process import stopping
 
 #: How long the roles may take to save their state and exit when the job is stopped.
 ROLES_GRACE_S = 60.0
@@ -116,7 +117,10 @@ def environment(plan: list[Planned]) -> dict:
     """What the job's processes inherit: a worker's planned environment (its math threads,
     kspipe's working and log folders) without the parts Paddle's launcher sets per process."""
     worker = next(p for p in plan if p.role == "worker")
-    return {k: v for k, v in worker.env.items() if not k.startswith(PADDLE_SETS)}
+    env = {k: v for k, v in worker.env.items() if not k.startswith(PADDLE_SETS)}
+    # Paddle's launcher starts each role in a session of its own: killed, it would leave
+    # them running; each role dies with it instead (and it dies with this command).
+    return {**env, stopping.DIE_WITH_PARENT: "1"}
 
 
 def watch(launcher, follow: "Follower", timeout_s, logs: str, stalls=None) -> None:

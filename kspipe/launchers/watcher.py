@@ -27,6 +27,7 @@ from kspipe.errors import ClusterError
 from kspipe.launchers import stalls
 from kspipe.launchers.hosts import STOPPED
 from kspipe.launchers.restarts import Why, error_kind, failure_kind, hang_up, tagged
+from kspipe.process import stopping
 from kspipe.process.heartbeat import DIR_ENV
 
 JOB_FILE = "job.yaml"
@@ -98,7 +99,7 @@ class Cluster:
             start_new_session=True,
             text=True,
             cwd=cwd or self.run_dir,
-            preexec_fn=_die_with_parent,
+            preexec_fn=stopping.die_with_parent,  # even if this launcher is SIGKILLed
         )
         process = Process(role, index, popen, log_path)
         echo = self.echo_first_worker if (role == "worker" and index == 0) else False
@@ -219,19 +220,6 @@ class Cluster:
             _signal_group(p.popen, signal.SIGKILL)  # anything it left behind in its group
             for thread in p.threads:
                 thread.join(timeout=2)
-
-
-def _die_with_parent() -> None:
-    """In a started process: be killed when the launcher dies, even by SIGKILL (Linux)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the launcher's own stop() remains
-        pass
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def _signal_group(popen, sig) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib.abc
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -181,3 +182,24 @@ def check() -> None:
     """Raise :class:`Preempted` if a stop was asked for (call it at a safe point)."""
     if _requested is not None:
         raise Preempted(_requested, safe=True)
+
+
+#: In the environment of a job's roles that a launcher other than kspipe's own starts
+#: (Paddle's, which puts each in a session of its own and leaves them running when it is
+#: killed): "1" makes each role die with the process that started it (:func:`die_with_parent`).
+DIE_WITH_PARENT = "KSPIPE_DIE_WITH_PARENT"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Be killed (SIGKILL) when the process that started this one dies, even by SIGKILL
+    (Linux; elsewhere nothing).  False if that process is gone already (this one was
+    handed to init or a subreaper before it asked)."""
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's own stop() remains
+        return True
+    return parent != 1 and os.getppid() == parent
