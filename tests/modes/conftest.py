@@ -7,6 +7,7 @@
   process launcher (tests/plugins/relay) as a user installs plugins."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,17 @@ def launched_long(tmp_path_factory, tiny_data):
         keep=LONG_KEEP,
         weights=latest_weights(run),
     )
+
+
+@pytest.fixture(scope="session")
+def unreadable_data(tmp_path_factory, tiny_data) -> Path:
+    """``tiny_data``'s folders with every image's bytes garbage: a layout the command's
+    checks accept before the job starts, and data only a worker finds it cannot read."""
+    copy = tmp_path_factory.mktemp("unreadable") / "data"
+    shutil.copytree(tiny_data, copy)
+    for image in copy.rglob("*.png"):
+        image.write_bytes(b"not an image")
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -148,18 +148,15 @@ def log_text(path: Path) -> str:
         return ""
 
 
-def test_a_workers_own_error_is_not_restarted(tmp_path, tiny_data):
-    """Every process reads the data set; a folder without it is their one-line error."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
+def test_a_workers_own_error_is_not_restarted(tmp_path, unreadable_data):
+    """Every worker reads the data set; images it cannot read are its one-line error."""
     result = testing.run_kspipe(
-        *scheduled_overrides(tmp_path, tiny_data),
-        f"dataset.root={empty}",
+        *scheduled_overrides(tmp_path, unreadable_data),
         "cluster.max_restarts=2",
         f"run_dir={tmp_path / 'run'}",
         cwd=tmp_path,
     )
-    testing.assert_one_line_error(result, f"{empty}")
+    testing.assert_one_line_error(result, f"cannot read image {unreadable_data}")
     assert "restart" not in result.stderr
     assert run_statuses(tmp_path / "mlflow.db") == ["FAILED"]
     assert not (tmp_path / "run" / "logs" / "attempt-1").exists()

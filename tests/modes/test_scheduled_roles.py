@@ -166,15 +166,11 @@ def test_cluster_launcher_paddle_runs_the_job_under_paddles_launcher(
     assert not kspipe_processes(tmp_path)
 
 
-def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
-    """Every worker stops on a data error: the command names one, whatever Paddle's launcher
-    exits with, and nothing is left running or RUNNING."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    job = [
-        o if not o.startswith("dataset.root=") else f"dataset.root={empty}"
-        for o in scheduled_overrides(tmp_path, tiny_data)
-    ]
+def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, unreadable_data):
+    """Every worker stops on a data error (images it cannot read, which the command's own
+    checks do not open): the command names one, whatever Paddle's launcher exits with,
+    and nothing is left running or RUNNING."""
+    job = scheduled_overrides(tmp_path, unreadable_data)
     result = subprocess.run(
         [sys.executable, "-m", "kspipe.cli.command", *job, "cluster.launcher=paddle"],
         cwd=tmp_path,
@@ -185,7 +181,7 @@ def test_a_failed_job_under_paddles_launcher_is_one_line(tmp_path, tiny_data):
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("kspipe: error:")]
     assert len(errors) == 1, result.stderr
-    assert f"data folder {empty} is empty" in errors[0], errors[0]
+    assert f"cannot read image {unreadable_data}" in errors[0], errors[0]
     assert errors[0].startswith("kspipe: error: worker ") and "(its log: " in errors[0]
     assert "Traceback" not in result.stderr
     assert "RUNNING" not in run_statuses(tmp_path / "mlflow.db")
