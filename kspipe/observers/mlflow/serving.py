@@ -224,6 +224,8 @@ def quiet():
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
+            # pandas 3's note on MLflow's own code reading the example's columns
+            warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
         logger.setLevel(level)
