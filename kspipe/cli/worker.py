@@ -6,6 +6,7 @@ friends); the role stage reads it and plays that role.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kspipe.cli.process import prepare_process
@@ -15,8 +16,6 @@ def main(argv: list[str]) -> int:
     """Run the job ``argv[0]`` (a resolved config) as the role the environment gives this
     process; its exit code."""
     prepare_process(role=True)  # first: before any thread starts and Paddle loads
-    import os
-
     from omegaconf import OmegaConf
 
     from kspipe.errors import KspipeError, NonFiniteError, print_error
@@ -28,7 +27,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kspipe.cli.worker <job.yaml>", file=sys.stderr)
         return 2
     if os.environ.get(stopping.DIE_WITH_PARENT) == "1" and not stopping.die_with_parent():
-        print("kspipe: error: the launcher that started this role is gone", file=sys.stderr)
+        print_error("the launcher that started this role is gone")
         return 1
     stopping.end_quickly()
     heartbeat.start()  # where it is, for the launcher (kspipe/launchers/stalls.py)
